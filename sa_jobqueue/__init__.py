@@ -1,0 +1,56 @@
+"""sa_jobqueue: job queues on PostgreSQL tables, for SQLAlchemy 2.x apps.
+
+::
+
+    class EmailJob(JobMixin, Base):
+        __tablename__ = "email_jobs"
+
+    emails = JobRepository(EmailJob)
+    tasks = TaskRegistry()
+
+    @tasks.task
+    def send_welcome(job, session): ...
+
+    with Session(engine) as session, session.begin():
+        emails.enqueue(session, "send_welcome", {"user_id": 42})
+
+    Worker(engine, emails, tasks).run()
+"""
+
+from .errors import (
+    InvalidArgumentError,
+    JobLostError,
+    JobQueueError,
+    JobTableError,
+    RetryJob,
+)
+from .mixin import STATUSES, JobMixin, job_table_args
+from .registry import Task, TaskRegistry
+from .repository import JobRepository, QueueStats, ReapResult
+from .retry import RetryPolicy
+from .spec import JobSpec
+from .urls import psycopg_url
+from .worker import Worker, WorkerResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "STATUSES",
+    "InvalidArgumentError",
+    "JobLostError",
+    "JobMixin",
+    "JobQueueError",
+    "JobRepository",
+    "JobSpec",
+    "JobTableError",
+    "QueueStats",
+    "ReapResult",
+    "RetryJob",
+    "RetryPolicy",
+    "Task",
+    "TaskRegistry",
+    "Worker",
+    "WorkerResult",
+    "job_table_args",
+    "psycopg_url",
+]

@@ -1,0 +1,82 @@
+"""The exception tree of sa_jobqueue.
+
+::
+
+    JobQueueError                      base of every error raised here
+    ├── InvalidArgumentError           bad input to a verb; ``.parameter`` names it
+    │                                  (also a ValueError); nothing was written
+    ├── JobTableError                  a model is not a usable job table
+    │                                  (also a TypeError)
+    └── JobLostError                   a fenced write found the job no longer
+                                       owned by the caller (lease expired and
+                                       the job was reaped or re-claimed)
+
+Handlers may raise :class:`RetryJob` to ask for another attempt at a given
+time; it is a control-flow signal, not an error, and is not part of the tree.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+
+class JobQueueError(Exception):
+    """Base class of every error raised by sa_jobqueue."""
+
+
+class InvalidArgumentError(JobQueueError, ValueError):
+    """A verb got an argument it cannot accept.
+
+    Raised before any statement is sent, so the database is left as it was.
+    ``parameter`` is the name of the offending argument.
+    """
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(f"{parameter}: {message}")
+        self.parameter = parameter
+
+
+class JobTableError(JobQueueError, TypeError):
+    """A model passed to :class:`~sa_jobqueue.JobRepository` is not a job table.
+
+    Either it does not use :class:`~sa_jobqueue.JobMixin`, is not mapped, or it
+    replaced ``__table_args__`` and so lost the indexes the claim depends on.
+    """
+
+
+class JobLostError(JobQueueError):
+    """The caller no longer owns the job it tried to finish.
+
+    Every write after a claim is fenced on the claim's ``lock_token``. When the
+    lease expired and the job was reaped (and maybe claimed by another worker),
+    the stale write changes nothing and raises this; the caller's transaction
+    should be rolled back so that the handler's own writes do not commit.
+    """
+
+    def __init__(self, job_id: int, verb: str) -> None:
+        super().__init__(
+            f"job {job_id}: cannot {verb}, this worker no longer owns it "
+            "(its lease expired and it was reaped or claimed again)"
+        )
+        self.job_id = job_id
+        self.verb = verb
+
+
+class RetryJob(Exception):
+    """Raised by a handler to ask for another attempt later.
+
+    Give either ``delay`` or ``at`` (an aware datetime). The attempt still
+    counts towards ``max_attempts``; when attempts are exhausted the job goes
+    to ``dead`` as with any failure.
+    """
+
+    def __init__(
+        self,
+        reason: str = "retry requested by the handler",
+        *,
+        delay: timedelta | None = None,
+        at: datetime | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.delay = delay
+        self.at = at

@@ -1,0 +1,171 @@
+"""JobMixin: turn a declarative model into a job table.
+
+Add the mixin to your own model and give it a table name::
+
+    class EmailJob(JobMixin, Base):
+        __tablename__ = "email_jobs"
+        tenant_id: Mapped[int | None]       # your own columns sit alongside
+
+Each model gets its own table with the job columns, a named CHECK on the
+status, and three indexes whose names derive from the table name, so any
+number of job tables live side by side on one or several ``Base`` classes:
+
+* ``ix_<table>_claim_v1``: partial index ``(priority, run_at, id) WHERE
+  status = 'pending'``; its predicate and order are exactly the claim's, so
+  the claim reads only the rows it locks;
+* ``ix_<table>_lease_v1``: partial index ``(lease_expires_at) WHERE status =
+  'running'`` for the reaper;
+* ``uq_<table>_dedupe_v1``: partial unique index ``(queue, dedupe_key)`` over
+  live jobs (pending or running), used by ``INSERT … ON CONFLICT``.
+
+Names carry a version because Alembic's autogenerate cannot compare a partial
+index predicate: a changed predicate ships under a new name.
+
+To add table arguments of your own, keep the job ones::
+
+    @declared_attr.directive
+    def __table_args__(cls):
+        return (*job_table_args(cls.__tablename__), Index("ix_email_tenant", "tenant_id"))
+
+Set ``__keep_done__ = True`` on the model to keep completed jobs as ``done``
+(with ``finished_at``) instead of deleting them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    Text,
+    Uuid,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, declared_attr, mapped_column
+from sqlalchemy.sql.naming import conv
+
+PENDING = "pending"
+RUNNING = "running"
+DONE = "done"
+DEAD = "dead"
+CANCELLED = "cancelled"
+STATUSES = (PENDING, RUNNING, DONE, DEAD, CANCELLED)
+LIVE_STATUSES = (PENDING, RUNNING)
+
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_ATTEMPTS = 20
+NAME_LENGTH = 128
+DEDUPE_KEY_LENGTH = 255
+PRIORITY_MIN = -32768
+PRIORITY_MAX = 32767
+
+
+def _sql_list(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+# The claim's WHERE clause on status, verbatim. The claim statement and the
+# claim index are both built from it so that they cannot drift apart.
+CLAIM_PREDICATE = f"status = '{PENDING}'"
+LEASE_PREDICATE = f"status = '{RUNNING}'"
+DEDUPE_PREDICATE = f"dedupe_key IS NOT NULL AND status IN ({_sql_list(LIVE_STATUSES)})"
+
+
+def claim_index_name(table_name: str) -> str:
+    return f"ix_{table_name}_claim_v1"
+
+
+def lease_index_name(table_name: str) -> str:
+    return f"ix_{table_name}_lease_v1"
+
+
+def dedupe_index_name(table_name: str) -> str:
+    return f"uq_{table_name}_dedupe_v1"
+
+
+def job_table_args(table_name: str) -> tuple[Any, ...]:
+    """The indexes and checks every job table needs, named after ``table_name``.
+
+    ``conv()`` marks each name as final, so a naming convention on the user's
+    MetaData does not rename them.
+    """
+    return (
+        CheckConstraint(
+            f"status IN ({_sql_list(STATUSES)})", name=conv(f"ck_{table_name}_status_v1")
+        ),
+        CheckConstraint("max_attempts >= 1", name=conv(f"ck_{table_name}_max_attempts_v1")),
+        Index(
+            conv(claim_index_name(table_name)),
+            "priority",
+            "run_at",
+            "id",
+            postgresql_where=text(CLAIM_PREDICATE),
+        ),
+        Index(
+            conv(lease_index_name(table_name)),
+            "lease_expires_at",
+            postgresql_where=text(LEASE_PREDICATE),
+        ),
+        Index(
+            conv(dedupe_index_name(table_name)),
+            "queue",
+            "dedupe_key",
+            unique=True,
+            postgresql_where=text(DEDUPE_PREDICATE),
+        ),
+    )
+
+
+class JobMixin:
+    """Columns, indexes and checks of a job table; no behaviour, no I/O.
+
+    The queue verbs live in :class:`~sa_jobqueue.JobRepository`.
+    """
+
+    __keep_done__: ClassVar[bool] = False
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(NAME_LENGTH), server_default=DEFAULT_QUEUE)
+    task: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    payload: Mapped[Any] = mapped_column(
+        JSON().with_variant(JSONB(), "postgresql"), server_default=text("'{}'")
+    )
+    status: Mapped[str] = mapped_column(String(16), server_default=PENDING)
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    run_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    max_attempts: Mapped[int] = mapped_column(
+        Integer, server_default=text(str(DEFAULT_MAX_ATTEMPTS))
+    )
+    locked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    locked_by: Mapped[str | None] = mapped_column(String(255))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lock_token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    dedupe_key: Mapped[str | None] = mapped_column(String(DEDUPE_KEY_LENGTH))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[Any, ...]:
+        return job_table_args(cls.__tablename__)  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} id={self.id!r} queue={self.queue!r} "
+            f"task={self.task!r} status={self.status!r} attempts={self.attempts!r}>"
+        )

@@ -1,0 +1,122 @@
+"""TaskRegistry: handlers by task name, each with its retry policy.
+
+::
+
+    tasks = TaskRegistry()
+
+    @tasks.task("send_welcome", max_attempts=5)
+    def send_welcome(job: EmailJob, session: Session) -> None:
+        session.add(Sent(user_id=job.payload["user_id"]))
+
+A handler takes the claimed job, and optionally the job's session as a
+second argument. Its writes on that session commit together with the job's
+completion (exactly once); it must not commit or roll back the session.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+from .errors import InvalidArgumentError
+from .mixin import NAME_LENGTH
+from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
+
+Handler = Callable[..., Any]
+F = TypeVar("F", bound=Handler)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered handler. ``max_attempts``, when set, overrides the job
+    row's own limit when this task's attempt fails."""
+
+    name: str
+    handler: Handler
+    takes_session: bool
+    retry: RetryPolicy = DEFAULT_RETRY_POLICY
+    max_attempts: int | None = None
+
+    def __call__(self, job: Any, session: Any) -> Any:
+        if self.takes_session:
+            return self.handler(job, session)
+        return self.handler(job)
+
+
+def _takes_session(handler: Handler) -> bool:
+    params = [
+        p for p in inspect.signature(handler).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    if not params:
+        raise InvalidArgumentError("handler", "must accept the job as its first argument")
+    return len(params) >= 2 or params[0].kind is inspect.Parameter.VAR_POSITIONAL
+
+
+class TaskRegistry:
+    """Handlers by task name. One registry may serve several workers."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+
+    def register(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY_POLICY,
+        max_attempts: int | None = None,
+    ) -> Task:
+        """Register ``handler`` for ``name``; a name can be registered once."""
+        if not isinstance(name, str) or not name.strip() or len(name) > NAME_LENGTH:
+            raise InvalidArgumentError("name", f"must be a non-empty string of at most {NAME_LENGTH} characters")
+        if name in self._tasks:
+            raise InvalidArgumentError("name", f"task {name!r} is already registered")
+        if not callable(handler):
+            raise InvalidArgumentError("handler", "must be callable")
+        if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1):
+            raise InvalidArgumentError("max_attempts", f"must be a positive integer, got {max_attempts!r}")
+        if not isinstance(retry, RetryPolicy):
+            raise InvalidArgumentError("retry", "must be a RetryPolicy")
+        task = Task(name, handler, _takes_session(handler), retry, max_attempts)
+        self._tasks[name] = task
+        return task
+
+    @overload
+    def task(self, name: F) -> F: ...
+    @overload
+    def task(
+        self, name: str | None = None, *, retry: RetryPolicy = ..., max_attempts: int | None = ...
+    ) -> Callable[[F], F]: ...
+
+    def task(
+        self,
+        name: str | F | None = None,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY_POLICY,
+        max_attempts: int | None = None,
+    ) -> F | Callable[[F], F]:
+        """Decorator form of :meth:`register`; the name defaults to the function's."""
+        if callable(name):
+            self.register(name.__name__, name)
+            return name
+
+        def decorate(handler: F) -> F:
+            self.register(name or handler.__name__, handler, retry=retry, max_attempts=max_attempts)
+            return handler
+
+        return decorate
+
+    def get(self, name: str) -> Task | None:
+        return self._tasks.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self._tasks.values())
+
+    def __len__(self) -> int:
+        return len(self._tasks)

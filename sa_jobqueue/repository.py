@@ -1,0 +1,344 @@
+"""JobRepository: the queue verbs, run on a session the caller gives.
+
+::
+
+    emails = JobRepository(EmailJob)
+    with Session(engine) as session, session.begin():
+        session.add(User(name="ada"))
+        emails.enqueue(session, "send_welcome", {"user_id": 42}, queue="signup")
+
+No verb commits, rolls back or opens a transaction: each runs its statements
+on the caller's session, so an enqueue commits (or vanishes) with the
+caller's own writes. Verbs after a claim (``complete``, ``fail``,
+``heartbeat``) are fenced on the claim's ``lock_token`` and raise
+:class:`JobLostError` when the caller no longer owns the job.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.exc import NoInspectionAvailable
+from sqlalchemy.orm import Session
+
+from . import statements
+from .errors import InvalidArgumentError, JobLostError, JobTableError
+from .mixin import (
+    DEAD,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    NAME_LENGTH,
+    STATUSES,
+    JobMixin,
+    claim_index_name,
+    dedupe_index_name,
+    lease_index_name,
+)
+from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from .spec import JobSpec, check_aware, check_delay, to_row
+
+M = TypeVar("M", bound=JobMixin)
+
+_NO_SYNC = {"synchronize_session": False}
+DEFAULT_LEASE = timedelta(seconds=60)
+
+
+def default_worker_name() -> str:
+    """``host:pid:random``: unique per process, readable in ``locked_by``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    """What one reap did: jobs sent back to pending, and jobs sent to dead."""
+
+    requeued: int
+    dead: int
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Jobs of one queue in one status. ``oldest_runnable_age`` is set for
+    ``pending`` rows: how long the oldest runnable job has been waiting."""
+
+    queue: str
+    status: str
+    count: int
+    oldest_runnable_age: timedelta | None
+
+
+def _job_table_or_raise(model: Any) -> Any:
+    if not isinstance(model, type) or not issubclass(model, JobMixin):
+        raise JobTableError(
+            f"model: {model!r} is not a JobMixin model; declare "
+            "`class MyJob(JobMixin, Base): __tablename__ = ...` and pass the class"
+        )
+    try:
+        table = sa_inspect(model).local_table
+    except NoInspectionAvailable:
+        raise JobTableError(
+            f"model: {model.__name__} uses JobMixin but is not mapped; "
+            "it needs a declarative Base and a __tablename__"
+        ) from None
+    names = {index.name for index in table.indexes}
+    wanted = [claim_index_name(table.name), lease_index_name(table.name), dedupe_index_name(table.name)]
+    missing = [name for name in wanted if name not in names]
+    if missing:
+        raise JobTableError(
+            f"model: {model.__name__} (table {table.name!r}) lacks the job indexes "
+            f"{missing}; its __table_args__ replaced JobMixin's. Keep them with "
+            "`@declared_attr.directive def __table_args__(cls): "
+            "return (*job_table_args(cls.__tablename__), ...)`"
+        )
+    return table
+
+
+def _queues(queues: str | Sequence[str]) -> list[str]:
+    if isinstance(queues, str):
+        queues = [queues]
+    result = list(queues)
+    if not result:
+        raise InvalidArgumentError("queues", "name at least one queue")
+    for name in result:
+        if not isinstance(name, str) or not name.strip() or len(name) > NAME_LENGTH:
+            raise InvalidArgumentError(
+                "queues", f"each queue must be a non-empty string of at most {NAME_LENGTH} characters, got {name!r}"
+            )
+    return result
+
+
+def _positive(parameter: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(parameter, f"must be a positive integer, got {value!r}")
+    return value
+
+
+class JobRepository(Generic[M]):
+    """The queue verbs for one job model (one table, any number of queues)."""
+
+    def __init__(self, model: type[M]) -> None:
+        """Raise :class:`JobTableError` unless ``model`` is a mapped JobMixin
+        model that still has its claim, lease and dedupe indexes."""
+        table = _job_table_or_raise(model)
+        self.model = model
+        self.table = table
+        self.keep_done: bool = bool(getattr(model, "__keep_done__", False))
+        job_columns = {name for name in JobMixin.__annotations__ if not name.startswith("__")}
+        self._user_columns = frozenset(c.key for c in table.columns if c.key not in job_columns)
+
+    def __repr__(self) -> str:
+        return f"JobRepository({self.model.__name__})"
+
+    # -- enqueue ---------------------------------------------------------
+
+    def enqueue(
+        self,
+        session: Session,
+        task: str,
+        payload: Any = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        dedupe_key: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> M:
+        """Insert one job in the caller's transaction and return it.
+
+        With ``dedupe_key``, while a live job of the same queue holds the key,
+        that job is returned and nothing is inserted.
+        """
+        spec = JobSpec(
+            task=task, payload=payload, queue=queue, priority=priority, run_at=run_at,
+            delay=delay, max_attempts=max_attempts, dedupe_key=dedupe_key, extra=extra or {},
+        )
+        return self.enqueue_many(session, [spec])[0]
+
+    def enqueue_many(self, session: Session, jobs: Iterable[JobSpec]) -> list[M]:
+        """Insert many jobs, one INSERT per group of like rows (batched by
+        SQLAlchemy's insertmanyvalues), and return them in input order.
+
+        Every spec is checked before anything is sent. Rows with a dedupe key
+        that a live job holds (or that an earlier row of this call holds)
+        come back as that job.
+        """
+        rows = [to_row(spec, self._user_columns) for spec in jobs]
+        result: list[M | None] = [None] * len(rows)
+        groups: dict[tuple[bool, frozenset[str]], list[int]] = defaultdict(list)
+        for index, row in enumerate(rows):
+            groups[(row["dedupe_key"] is not None, frozenset(row))].append(index)
+        for (dedupe, _), indexes in groups.items():
+            params = [rows[i] for i in indexes]
+            if not dedupe:
+                stmt = statements.insert_jobs(self.model, dedupe=False).returning(
+                    self.model, sort_by_parameter_order=True
+                )
+                for i, job in zip(indexes, session.scalars(stmt, params).all()):
+                    result[i] = job
+                continue
+            stmt = statements.insert_jobs(self.model, dedupe=True).returning(self.model)
+            inserted = session.scalars(stmt, params).all()
+            by_key = {(job.queue, job.dedupe_key): job for job in inserted}
+            wanted = {(row["queue"], row["dedupe_key"]) for row in params} - set(by_key)
+            if wanted:
+                existing = session.scalars(
+                    statements.live_jobs_by_dedupe_key(
+                        self.model, [q for q, _ in wanted], [k for _, k in wanted]
+                    )
+                ).all()
+                by_key.update({(job.queue, job.dedupe_key): job for job in existing})
+            for i in indexes:
+                job = by_key.get((rows[i]["queue"], rows[i]["dedupe_key"]))
+                if job is None:
+                    # The live holder finished between our INSERT and SELECT;
+                    # the key is free again, so this row goes in after all.
+                    job = self.enqueue_many(session, [_respec(rows[i])])[0]
+                    by_key[(job.queue, job.dedupe_key)] = job
+                result[i] = job
+        return [job for job in result if job is not None]
+
+    # -- claim and the fenced verbs --------------------------------------
+
+    def claim(
+        self,
+        session: Session,
+        *,
+        queues: str | Sequence[str] = DEFAULT_QUEUE,
+        limit: int = 1,
+        worker: str | None = None,
+        lease: timedelta = DEFAULT_LEASE,
+    ) -> list[M]:
+        """Claim up to ``limit`` runnable jobs from ``queues`` in one statement.
+
+        The jobs come back ``running``, with ``attempts`` counted, owned by
+        ``worker`` under a fresh ``lock_token`` until ``lease`` expires, in
+        claim order (priority, then run_at, then id). Jobs scheduled in the
+        future are not claimable. Fewer than ``limit`` rows does not mean the
+        queue is empty (another claimer may hold rows); an empty list does.
+        """
+        limit = _positive("limit", limit)
+        if not isinstance(lease, timedelta) or lease <= timedelta(0):
+            raise InvalidArgumentError("lease", f"must be a positive timedelta, got {lease!r}")
+        stmt = statements.claim(
+            self.model, queues=_queues(queues), limit=limit,
+            worker=worker or default_worker_name(), lease=lease,
+        )
+        jobs = list(session.scalars(stmt, execution_options=_NO_SYNC).all())
+        jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
+        return jobs
+
+    def complete(self, session: Session, job: M) -> None:
+        """Finish a claimed job: delete it, or mark it ``done`` when the model
+        sets ``__keep_done__``. Raise :class:`JobLostError` if not owned."""
+        stmt = statements.complete(self.model, job.id, job.lock_token, keep_done=self.keep_done)
+        if session.execute(stmt, execution_options=_NO_SYNC).first() is None:
+            raise JobLostError(job.id, "complete")
+
+    def fail(
+        self,
+        session: Session,
+        job: M,
+        error: str,
+        *,
+        policy: RetryPolicy = DEFAULT_RETRY_POLICY,
+        delay: timedelta | None = None,
+        at: datetime | None = None,
+        max_attempts: int | None = None,
+        discard: bool = False,
+    ) -> str:
+        """Record a failed attempt of a claimed job and return its new status.
+
+        The job goes back to ``pending`` after a backoff (``policy``'s delay
+        for this attempt, or ``delay``, or at ``at``), or to ``dead`` when its
+        attempts reached ``max_attempts`` (default: the row's) or ``discard``
+        is set. ``error`` is kept in ``last_error``. Fenced.
+        """
+        if max_attempts is not None:
+            _positive("max_attempts", max_attempts)
+        at = check_aware("at", at)
+        wait = check_delay("delay", delay) if delay is not None else policy.delay(job.attempts)
+        stmt = statements.fail(
+            self.model, job.id, job.lock_token, error=str(error), delay=wait, at=at,
+            max_attempts=max_attempts, discard=discard,
+        )
+        row = session.execute(stmt, execution_options=_NO_SYNC).first()
+        if row is None:
+            raise JobLostError(job.id, "fail")
+        return str(row.status)
+
+    def heartbeat(self, session: Session, jobs: Sequence[M], *, lease: timedelta = DEFAULT_LEASE) -> set[int]:
+        """Extend the lease of claimed jobs; return the ids still owned.
+
+        A job missing from the result was reaped: its worker should stop
+        and must not expect its completion to be accepted.
+        """
+        if not jobs:
+            return set()
+        stmt = statements.heartbeat(
+            self.model, [j.id for j in jobs], [j.lock_token for j in jobs], lease
+        )
+        return set(session.scalars(stmt, execution_options=_NO_SYNC).all())
+
+    # -- housekeeping ----------------------------------------------------
+
+    def reap(self, session: Session, *, limit: int = 1000) -> ReapResult:
+        """Send running jobs whose lease expired back to pending, or to dead
+        when their attempts are exhausted. Safe to run from many workers."""
+        rows = session.execute(
+            statements.reap(self.model, limit=_positive("limit", limit)), execution_options=_NO_SYNC
+        ).all()
+        dead = sum(1 for row in rows if row.status == DEAD)
+        return ReapResult(requeued=len(rows) - dead, dead=dead)
+
+    def cancel(self, session: Session, job_id: int) -> bool:
+        """Cancel a pending job; return False if it is not pending (any more)."""
+        stmt = statements.cancel(self.model, job_id)
+        return session.execute(stmt, execution_options=_NO_SYNC).first() is not None
+
+    def retry(self, session: Session, job_id: int) -> bool:
+        """Send a dead or cancelled job back to pending now; False if it is neither."""
+        stmt = statements.retry(self.model, job_id)
+        return session.execute(stmt, execution_options=_NO_SYNC).first() is not None
+
+    def purge(
+        self,
+        session: Session,
+        *,
+        statuses: Sequence[str] = ("done", "dead", "cancelled"),
+        older_than: timedelta = timedelta(0),
+        limit: int = 1000,
+    ) -> int:
+        """Delete up to ``limit`` finished jobs older than ``older_than``; return how many."""
+        bad = set(statuses) - {"done", "dead", "cancelled"}
+        if bad:
+            raise InvalidArgumentError("statuses", f"only finished statuses can be purged, not {sorted(bad)}")
+        stmt = statements.purge(
+            self.model, statuses=list(statuses), older_than=older_than, limit=_positive("limit", limit)
+        )
+        return int(session.execute(stmt, execution_options=_NO_SYNC).rowcount)  # type: ignore[attr-defined]
+
+    def stats(self, session: Session) -> list[QueueStats]:
+        """Job counts per queue and status, with the oldest runnable job's age."""
+        rows = session.execute(statements.stats(self.model)).all()
+        return [QueueStats(r.queue, r.status, int(r.count), r.oldest_runnable_age) for r in rows]
+
+
+def _respec(row: dict[str, Any]) -> JobSpec:
+    core = {"task", "payload", "queue", "priority", "run_at", "delay", "max_attempts", "dedupe_key"}
+    fields = {k: row[k] for k in core}
+    if fields["run_at"] is not None:
+        fields["delay"] = None
+    return JobSpec(**fields, extra={k: v for k, v in row.items() if k not in core})
+
+
+__all__ = ["JobRepository", "QueueStats", "ReapResult", "STATUSES", "default_worker_name"]

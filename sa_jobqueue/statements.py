@@ -1,0 +1,283 @@
+"""Every SQL statement of the queue, as functions returning SQLAlchemy constructs.
+
+Nothing here runs anything: :mod:`sa_jobqueue.repository` executes these on
+a session it is given, and the tests compile them to check their shape. Each
+function takes the mapped job model and returns an ORM-enabled statement, so
+``RETURNING model`` yields instances of the user's own class.
+
+Literal status values (not bound parameters) appear wherever a partial index
+must match: a generic plan of a prepared statement cannot prove that
+``status = $1`` implies the index predicate ``status = 'pending'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import (
+    ARRAY,
+    Delete,
+    Interval,
+    Select,
+    String,
+    Update,
+    and_,
+    any_,
+    bindparam,
+    case,
+    delete,
+    func,
+    literal_column,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import Insert, insert
+from sqlalchemy.types import Boolean, DateTime, Uuid
+
+from .mixin import CANCELLED, DEAD, DEDUPE_PREDICATE, DONE, PENDING, RUNNING
+
+_PENDING = literal_column(f"'{PENDING}'")
+_RUNNING = literal_column(f"'{RUNNING}'")
+
+# Columns a claim, a fail or a reap clears: the job is no longer owned.
+def _released() -> dict[str, Any]:
+    return {"locked_at": None, "locked_by": None, "lease_expires_at": None, "lock_token": None}
+
+
+def insert_jobs(model: Any, *, dedupe: bool) -> Insert:
+    """INSERT of job rows, executed with a list of parameter dicts.
+
+    ``run_at`` is ``coalesce(:run_at, now() + :delay)`` so that a delay is
+    measured on the database's clock, the same clock the claim compares to.
+    With ``dedupe`` the statement skips rows whose ``(queue, dedupe_key)``
+    belongs to a live job (``ON CONFLICT DO NOTHING`` on the partial unique
+    index); the caller then looks those jobs up.
+    """
+    stmt = insert(model).values(
+        run_at=func.coalesce(
+            bindparam("run_at", type_=DateTime(timezone=True)),
+            func.now() + bindparam("delay", type_=Interval()),
+        )
+    )
+    if dedupe:
+        stmt = stmt.on_conflict_do_nothing(
+            index_elements=["queue", "dedupe_key"], index_where=text(DEDUPE_PREDICATE)
+        )
+    return stmt
+
+
+def live_jobs_by_dedupe_key(model: Any, queues: Sequence[str], keys: Sequence[str]) -> Select[Any]:
+    """The live jobs holding any of the given ``(queue, dedupe_key)`` pairs (a superset)."""
+    return select(model).where(
+        model.queue.in_(set(queues)),
+        model.dedupe_key.in_(set(keys)),
+        model.status.in_((PENDING, RUNNING)),
+    )
+
+
+def claim(model: Any, *, queues: Sequence[str], limit: int, worker: str, lease: timedelta) -> Update:
+    """Claim up to ``limit`` runnable jobs from ``queues`` in one statement.
+
+    Shape (design notes, section 1): a CTE holds ``FOR UPDATE SKIP LOCKED``
+    and the ``LIMIT``; Postgres never inlines a CTE with row marks, so the
+    locking scan runs exactly once and never claims more than ``limit`` rows
+    (unlike ``id IN (SELECT … LIMIT n)``, which a semi-join may re-scan). Every
+    eligibility predicate sits inside the CTE before the LIMIT, and its
+    ``WHERE status = 'pending' … ORDER BY priority, run_at, id`` is the claim
+    index's predicate and order.
+    """
+    picked = (
+        select(model.id)
+        .where(
+            model.status == _PENDING,
+            model.queue == any_(bindparam("queues", list(queues), type_=ARRAY(String))),
+            model.run_at <= func.now(),
+        )
+        .order_by(model.priority, model.run_at, model.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+    )
+    return (
+        update(model)
+        .where(model.id == picked.c.id)
+        .values(
+            status=RUNNING,
+            attempts=model.attempts + 1,
+            locked_at=func.now(),
+            locked_by=worker,
+            lease_expires_at=func.now() + bindparam("lease", lease, type_=Interval()),
+            lock_token=func.gen_random_uuid(),
+        )
+        .returning(model)
+    )
+
+
+def _owned(model: Any, job_id: int, token: Any) -> Any:
+    """The fence: the row is still running under the caller's claim."""
+    return and_(
+        model.id == job_id,
+        model.lock_token == bindparam("token", token, type_=Uuid()),
+        model.status == _RUNNING,
+    )
+
+
+def complete(model: Any, job_id: int, token: Any, *, keep_done: bool) -> Update | Delete:
+    """Finish a claimed job: delete it, or keep it as ``done``. Fenced."""
+    if not keep_done:
+        return delete(model).where(_owned(model, job_id, token)).returning(model.id)
+    return (
+        update(model)
+        .where(_owned(model, job_id, token))
+        .values(status=DONE, finished_at=func.now(), lease_expires_at=None, lock_token=None)
+        .returning(model.id)
+    )
+
+
+def fail(
+    model: Any,
+    job_id: int,
+    token: Any,
+    *,
+    error: str,
+    delay: timedelta,
+    at: Any,
+    max_attempts: int | None,
+    discard: bool,
+) -> Update:
+    """Record a failed attempt: back to pending at the retry time, or dead. Fenced.
+
+    The job is dead when ``discard`` is set or its attempts reached the
+    effective maximum (``max_attempts`` when given, else the row's). The
+    decision is taken in the statement from the row's current attempts.
+    """
+    limit = func.coalesce(bindparam("max_attempts", max_attempts, type_=model.attempts.type),
+                          model.max_attempts)
+    dead = or_(bindparam("discard", discard, type_=Boolean()), model.attempts >= limit)
+    return (
+        update(model)
+        .where(_owned(model, job_id, token))
+        .values(
+            status=case((dead, DEAD), else_=PENDING),
+            run_at=case(
+                (dead, model.run_at),
+                else_=func.coalesce(
+                    bindparam("at", at, type_=DateTime(timezone=True)),
+                    func.now() + bindparam("delay", delay, type_=Interval()),
+                ),
+            ),
+            finished_at=case((dead, func.now()), else_=None),
+            last_error=error,
+            **_released(),
+        )
+        .returning(model.status, model.run_at)
+    )
+
+
+def heartbeat(model: Any, job_ids: Sequence[int], tokens: Sequence[Any], lease: timedelta) -> Update:
+    """Extend the lease of jobs still owned; returns the ids it extended. Fenced."""
+    return (
+        update(model)
+        .where(
+            model.id == any_(bindparam("ids", list(job_ids), type_=ARRAY(model.id.type))),
+            model.lock_token == any_(bindparam("tokens", list(tokens), type_=ARRAY(Uuid()))),
+            model.status == _RUNNING,
+        )
+        .values(lease_expires_at=func.now() + bindparam("lease", lease, type_=Interval()))
+        .returning(model.id)
+    )
+
+
+def reap(model: Any, *, limit: int) -> Update:
+    """Return running jobs whose lease expired to pending, or to dead when out of attempts.
+
+    The expired rows are locked with SKIP LOCKED in a CTE, so several workers
+    may reap at once: each row is reaped by one of them, and a job whose
+    worker is finishing it right now (row locked) is left alone.
+    """
+    expired = (
+        select(model.id)
+        .where(model.status == _RUNNING, model.lease_expires_at < func.now())
+        .order_by(model.lease_expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("expired")
+    )
+    dead = model.attempts >= model.max_attempts
+    return (
+        update(model)
+        .where(model.id == expired.c.id)
+        .values(
+            status=case((dead, DEAD), else_=PENDING),
+            run_at=case((dead, model.run_at), else_=func.now()),
+            finished_at=case((dead, func.now()), else_=None),
+            last_error=func.concat(
+                "lease expired at attempt ", model.attempts, " (worker ",
+                func.coalesce(model.locked_by, "unknown"), ")",
+            ),
+            **_released(),
+        )
+        .returning(model.id, model.status)
+    )
+
+
+def cancel(model: Any, job_id: int) -> Update:
+    """Cancel a job that is still pending."""
+    return (
+        update(model)
+        .where(model.id == job_id, model.status == _PENDING)
+        .values(status=CANCELLED, finished_at=func.now())
+        .returning(model.id)
+    )
+
+
+def retry(model: Any, job_id: int) -> Update:
+    """Send a dead or cancelled job back to pending, runnable now.
+
+    Attempts are kept (history); ``max_attempts`` grows by one when needed so
+    that the job gets at least one more attempt.
+    """
+    return (
+        update(model)
+        .where(model.id == job_id, model.status.in_((DEAD, CANCELLED)))
+        .values(
+            status=PENDING,
+            run_at=func.now(),
+            finished_at=None,
+            max_attempts=func.greatest(model.max_attempts, model.attempts + 1),
+        )
+        .returning(model.id)
+    )
+
+
+def purge(model: Any, *, statuses: Sequence[str], older_than: timedelta, limit: int) -> Delete:
+    """Delete up to ``limit`` finished jobs older than ``older_than``, in one bounded batch."""
+    batch = (
+        select(model.id)
+        .where(
+            model.status.in_(list(statuses)),
+            model.finished_at < func.now() - bindparam("older_than", older_than, type_=Interval()),
+        )
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return delete(model).where(model.id == any_(func.array(batch.scalar_subquery())))
+
+
+def stats(model: Any) -> Select[Any]:
+    """Jobs per queue and status, with the age of the oldest runnable job."""
+    runnable = and_(model.status == PENDING, model.run_at <= func.now())
+    return (
+        select(
+            model.queue,
+            model.status,
+            func.count().label("count"),
+            func.max(func.now() - model.run_at).filter(runnable).label("oldest_runnable_age"),
+        )
+        .group_by(model.queue, model.status)
+        .order_by(model.queue, model.status)
+    )
