@@ -1,0 +1,52 @@
+"""The public face: what ``sa_jobqueue`` exports, and that importing does no I/O."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import sa_jobqueue
+
+
+def test_public_api_is_pinned() -> None:
+    assert sorted(sa_jobqueue.__all__) == sorted([
+        "STATUSES", "InvalidArgumentError", "JobLostError", "JobMixin", "JobQueueError",
+        "JobRepository", "JobSpec", "JobTableError", "QueueStats", "ReapResult", "RetryJob",
+        "RetryPolicy", "Task", "TaskRegistry", "Worker", "WorkerResult", "job_table_args",
+        "psycopg_url",
+    ])
+    for name in sa_jobqueue.__all__:
+        assert getattr(sa_jobqueue, name) is not None
+
+
+def test_error_tree() -> None:
+    assert issubclass(sa_jobqueue.InvalidArgumentError, (sa_jobqueue.JobQueueError, ValueError))
+    assert issubclass(sa_jobqueue.JobTableError, (sa_jobqueue.JobQueueError, TypeError))
+    assert issubclass(sa_jobqueue.JobLostError, sa_jobqueue.JobQueueError)
+
+
+def test_import_opens_no_connection_and_reads_no_environment() -> None:
+    # Reads of the environment are refused when they come from sa_jobqueue's own modules.
+    code = (
+        "import os, socket, sys\n"
+        "def refuse(*a, **k): raise AssertionError('I/O at import')\n"
+        "socket.socket.connect = refuse\n"
+        "def check():\n"
+        "    name = sys._getframe(2).f_globals.get('__name__', '')\n"
+        "    if name.startswith('sa_jobqueue'): raise AssertionError('environment read by ' + name)\n"
+        "class Env(type(os.environ)):\n"
+        "    def __getitem__(self, k): check(); return super().__getitem__(k)\n"
+        "    def get(self, k, d=None): check(); return super().get(k, d)\n"
+        "os.environ.__class__ = Env\n"
+        "import sa_jobqueue, sa_jobqueue.default, sa_jobqueue.testing, sa_jobqueue.worker\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_psycopg_url() -> None:
+    assert sa_jobqueue.psycopg_url("postgresql://u@h:5432/d").drivername == "postgresql+psycopg"
+    assert sa_jobqueue.psycopg_url("postgres://u@h/d").drivername == "postgresql+psycopg"
+    assert sa_jobqueue.psycopg_url("postgresql+psycopg2://u@h/d").drivername == "postgresql+psycopg2"

@@ -1,0 +1,426 @@
+"""JobRepository verbs against a real PostgreSQL, in one process."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from sa_jobqueue import InvalidArgumentError, JobLostError, JobSpec, RetryPolicy
+from sa_jobqueue.statements import claim as claim_statement
+from sa_jobqueue.testing import run_jobs
+
+from jobapp import EmailJob, Ledger, ReportJob, TaskJob, User, emails, jobs, reports, tasks
+
+LEASE = timedelta(seconds=60)
+
+
+def _count(session: Session, model: type, **where: object) -> int:
+    stmt = select(func.count()).select_from(model)
+    for key, value in where.items():
+        stmt = stmt.where(getattr(model, key) == value)
+    return int(session.scalar(stmt) or 0)
+
+
+def _wait_until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+# -- enqueue ----------------------------------------------------------------
+
+
+def test_enqueue_returns_the_users_model(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        job = emails.enqueue(session, "send_welcome", {"user_id": 42}, queue="signup", extra={"tenant_id": 7})
+    assert isinstance(job, EmailJob)
+    assert (job.task, job.queue, job.payload, job.status, job.tenant_id) == (
+        "send_welcome", "signup", {"user_id": 42}, "pending", 7
+    )
+    assert job.attempts == 0 and job.max_attempts == 20 and job.priority == 0
+
+
+def test_outbox_job_exists_iff_the_callers_transaction_commits(sessions: sessionmaker[Session]) -> None:
+    with pytest.raises(RuntimeError):
+        with sessions.begin() as session:
+            session.add(User(name="ada"))
+            emails.enqueue(session, "send_welcome", {"user_id": 1})
+            raise RuntimeError("the app's transaction fails")
+    with sessions() as session:
+        assert _count(session, EmailJob) == 0 and _count(session, User) == 0
+    with sessions.begin() as session:
+        session.add(User(name="ada"))
+        emails.enqueue(session, "send_welcome", {"user_id": 1})
+    with sessions() as session:
+        assert _count(session, EmailJob) == 1 and _count(session, User) == 1
+
+
+def test_enqueue_does_not_commit_for_the_caller(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        session.begin()
+        jobs.enqueue(session, "noop")
+        jobs.enqueue_many(session, [JobSpec("noop"), JobSpec("noop", dedupe_key="k")])
+        with sessions() as other:
+            assert _count(other, TaskJob) == 0
+        session.rollback()
+    with sessions() as session:
+        assert _count(session, TaskJob) == 0
+
+
+def test_enqueue_many_in_order_one_statement(sessions: sessionmaker[Session], engine) -> None:  # type: ignore[no-untyped-def]
+    statements: list[str] = []
+
+    from sqlalchemy import event
+
+    def record(conn, cursor, statement, params, context, executemany):  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        with sessions.begin() as session:
+            created = jobs.enqueue_many(session, [JobSpec("noop", {"i": i}) for i in range(500)])
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert [job.payload["i"] for job in created] == list(range(500))
+    assert len({job.id for job in created}) == 500
+    assert len([s for s in statements if s.startswith("INSERT")]) == 1
+
+
+def test_dedupe_returns_the_live_job(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        first = jobs.enqueue(session, "noop", {"v": 1}, dedupe_key="report:7")
+        again = jobs.enqueue(session, "noop", {"v": 2}, dedupe_key="report:7")
+        other_queue = jobs.enqueue(session, "noop", dedupe_key="report:7", queue="other")
+    assert again.id == first.id and again.payload == {"v": 1}
+    assert other_queue.id != first.id
+    with sessions.begin() as session:
+        bulk = jobs.enqueue_many(session, [
+            JobSpec("noop", dedupe_key="report:7"), JobSpec("noop", dedupe_key="new"),
+            JobSpec("noop", dedupe_key="new"), JobSpec("noop"),
+        ])
+    assert bulk[0].id == first.id and bulk[1].id == bulk[2].id and bulk[3].id not in {first.id, bulk[1].id}
+    with sessions() as session:
+        assert _count(session, TaskJob) == 4
+
+
+def test_dedupe_key_is_free_again_once_the_job_finished(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        first = jobs.enqueue(session, "noop", dedupe_key="k")
+    with sessions.begin() as session:
+        [claimed] = jobs.claim(session, lease=LEASE)
+        jobs.complete(session, claimed)
+    with sessions.begin() as session:
+        second = jobs.enqueue(session, "noop", dedupe_key="k")
+    assert second.id != first.id
+    # A cancelled job does not hold its key either.
+    with sessions.begin() as session:
+        assert jobs.cancel(session, second.id)
+        third = jobs.enqueue(session, "noop", dedupe_key="k")
+    assert third.id != second.id
+
+
+# -- bad input --------------------------------------------------------------
+
+
+class NotJson:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [
+        ({"payload": {"x": NotJson()}}, "payload"),
+        ({"payload": {"x": math.nan}}, "payload"),
+        ({"payload": [math.inf]}, "payload"),
+        ({"task": ""}, "task"),
+        ({"task": "   "}, "task"),
+        ({"task": "t" * 129}, "task"),
+        ({"queue": ""}, "queue"),
+        ({"queue": "q" * 129}, "queue"),
+        ({"priority": 40000}, "priority"),
+        ({"priority": -40000}, "priority"),
+        ({"priority": 1.5}, "priority"),
+        ({"run_at": datetime(2030, 1, 1)}, "run_at"),
+        ({"delay": timedelta(seconds=-1)}, "delay"),
+        ({"delay": -5}, "delay"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": -3}, "max_attempts"),
+        ({"dedupe_key": ""}, "dedupe_key"),
+        ({"dedupe_key": "k" * 256}, "dedupe_key"),
+        ({"extra": {"no_such_column": 1}}, "extra"),
+        ({"run_at": datetime(2030, 1, 1, tzinfo=timezone.utc), "delay": 5}, "run_at"),
+    ],
+)
+def test_bad_input_is_a_typed_error_naming_the_parameter_and_writes_nothing(
+    sessions: sessionmaker[Session], kwargs: dict[str, object], parameter: str
+) -> None:
+    args = {"task": "noop", "payload": {"ok": True}} | kwargs
+    with sessions() as session, session.begin():
+        jobs.enqueue(session, "noop", {"before": True})
+        with pytest.raises(InvalidArgumentError) as info:
+            jobs.enqueue(session, args.pop("task"), args.pop("payload"), **args)  # type: ignore[arg-type]
+        assert info.value.parameter == parameter
+        assert parameter in str(info.value)
+        # Nothing was sent: the transaction is healthy and holds only the first job.
+        assert _count(session, TaskJob) == 1
+    with sessions.begin() as session:
+        with pytest.raises(InvalidArgumentError):
+            # In bulk too: the good spec before the bad one is not inserted either.
+            spec = JobSpec(**({"task": "noop", "payload": {"ok": True}} | kwargs))  # type: ignore[arg-type]
+            jobs.enqueue_many(session, [JobSpec("noop"), spec])
+    with sessions() as session:
+        assert _count(session, TaskJob) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [({"limit": 0}, "limit"), ({"queues": []}, "queues"), ({"queues": [""]}, "queues"),
+     ({"lease": timedelta(0)}, "lease")],
+)
+def test_bad_claim_arguments(sessions: sessionmaker[Session], kwargs: dict[str, object], parameter: str) -> None:
+    with sessions.begin() as session:
+        with pytest.raises(InvalidArgumentError) as info:
+            jobs.claim(session, **kwargs)  # type: ignore[arg-type]
+        assert info.value.parameter == parameter
+
+
+# -- claim ------------------------------------------------------------------
+
+
+def test_claim_order_priority_then_run_at(sessions: sessionmaker[Session]) -> None:
+    now = datetime.now(timezone.utc)
+    with sessions.begin() as session:
+        late = jobs.enqueue(session, "noop", {"n": "late"}, run_at=now - timedelta(seconds=1))
+        early = jobs.enqueue(session, "noop", {"n": "early"}, run_at=now - timedelta(seconds=10))
+        urgent = jobs.enqueue(session, "noop", {"n": "urgent"}, priority=-5)
+        lazy = jobs.enqueue(session, "noop", {"n": "lazy"}, priority=5, run_at=now - timedelta(hours=1))
+    with sessions.begin() as session:
+        claimed = jobs.claim(session, limit=10, lease=LEASE)
+    assert [j.id for j in claimed] == [urgent.id, early.id, late.id, lazy.id]
+    assert all(j.status == "running" and j.attempts == 1 and j.lock_token for j in claimed)
+
+
+def test_future_jobs_are_not_claimable(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue(session, "noop", delay=timedelta(hours=1))
+        jobs.enqueue(session, "noop", run_at=datetime.now(timezone.utc) + timedelta(minutes=5))
+        soon = jobs.enqueue(session, "noop", delay=0.3)
+    with sessions.begin() as session:
+        assert jobs.claim(session, limit=10) == []
+    time.sleep(0.4)
+    with sessions.begin() as session:
+        assert [j.id for j in jobs.claim(session, limit=10)] == [soon.id]
+
+
+def test_claim_filters_queues(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        a = jobs.enqueue(session, "noop", queue="a")
+        b = jobs.enqueue(session, "noop", queue="b")
+        jobs.enqueue(session, "noop", queue="c")
+    with sessions.begin() as session:
+        assert [j.id for j in jobs.claim(session, queues="a", limit=5)] == [a.id]
+    with sessions.begin() as session:
+        assert [j.id for j in jobs.claim(session, queues=["b", "c"], limit=1)] != [a.id]
+        assert _count(session, TaskJob, status="pending") == 1
+        assert b.id  # claimed one of b or c, leaving one pending
+
+
+def test_claim_respects_the_limit_and_skips_locked_rows(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("noop") for _ in range(10)])
+    holder = sessions()
+    holder.begin()
+    held = jobs.claim(holder, limit=3)  # uncommitted: rows stay locked
+    with sessions.begin() as session:
+        other = jobs.claim(session, limit=4)
+    assert len(held) == 3 and len(other) == 4
+    assert not {j.id for j in held} & {j.id for j in other}
+    holder.rollback()
+    holder.close()
+    with sessions() as session:
+        assert _count(session, TaskJob, status="pending") == 6
+
+
+def test_claim_statement_locks_in_a_cte_evaluated_once(engine) -> None:  # type: ignore[no-untyped-def]
+    sql = str(claim_statement(TaskJob, queues=["a"], limit=5, worker="w", lease=LEASE).compile(engine))
+    assert sql.lstrip().startswith("WITH picked AS")
+    assert "FOR UPDATE SKIP LOCKED" in sql and " IN (SELECT" not in sql
+    with engine.connect() as conn:
+        plan = "\n".join(conn.execute(text("EXPLAIN " + str(claim_statement(TaskJob, queues=["a"], limit=5, worker="w", lease=LEASE).compile(engine, compile_kwargs={"literal_binds": True})))).scalars())
+    assert "ix_task_jobs_claim_v1" in plan
+    assert "CTE picked" in plan and "LockRows" in plan
+
+
+# -- finishing, fencing -----------------------------------------------------
+
+
+def test_complete_deletes_or_keeps_done(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue(session, "noop")
+        reports.enqueue(session, "noop")
+    with sessions.begin() as session:
+        [job] = jobs.claim(session)
+        [report] = reports.claim(session)
+        jobs.complete(session, job)
+        reports.complete(session, report)
+    with sessions() as session:
+        assert _count(session, TaskJob) == 0
+        kept = session.scalars(select(ReportJob)).one()
+        assert kept.status == "done" and kept.finished_at is not None and kept.attempts == 1
+
+
+def test_fail_backs_off_then_dead_keeping_last_error(sessions: sessionmaker[Session]) -> None:
+    policy = RetryPolicy(base=timedelta(seconds=30), jitter=0)
+    with sessions.begin() as session:
+        job = jobs.enqueue(session, "noop", max_attempts=2)
+    with sessions.begin() as session:
+        [claimed] = jobs.claim(session)
+        assert jobs.fail(session, claimed, "first error", policy=policy) == "pending"
+        row = session.get(TaskJob, job.id, populate_existing=True)
+        assert row is not None
+        wait = (row.run_at - session.scalar(select(func.now()))).total_seconds()
+        assert 29 <= wait <= 31 and row.last_error == "first error" and row.lock_token is None
+    with sessions.begin() as session:
+        session.execute(text("UPDATE task_jobs SET run_at = now()"))
+        [claimed] = jobs.claim(session)
+        assert claimed.attempts == 2
+        assert jobs.fail(session, claimed, "second error", policy=policy) == "dead"
+    with sessions() as session:
+        row = session.get(TaskJob, job.id)
+        assert row is not None and row.status == "dead" and row.last_error == "second error"
+        assert row.finished_at is not None
+
+
+def test_retry_policy_grows_exponentially_with_jitter() -> None:
+    policy = RetryPolicy(base=timedelta(seconds=10), factor=2, max_delay=timedelta(seconds=100), jitter=0.1)
+    for attempt, expected in [(1, 10), (2, 20), (3, 40), (4, 80), (5, 100), (60, 100), (10**6, 100)]:
+        seconds = policy.delay(attempt).total_seconds()
+        assert expected * 0.9 <= seconds <= expected * 1.1
+    assert len({policy.delay(3) for _ in range(20)}) > 1
+    with pytest.raises(InvalidArgumentError):
+        RetryPolicy(jitter=1.5)
+
+
+def test_a_stale_worker_cannot_complete_or_fail_a_reclaimed_job(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        job = jobs.enqueue(session, "noop")
+    with sessions.begin() as session:
+        [stale] = jobs.claim(session, worker="stale", lease=timedelta(milliseconds=200))
+    time.sleep(0.3)
+    with sessions.begin() as session:
+        assert jobs.reap(session).requeued == 1
+    with sessions.begin() as session:
+        [fresh] = jobs.claim(session, worker="fresh", lease=LEASE)
+    assert fresh.id == stale.id and fresh.lock_token != stale.lock_token and fresh.attempts == 2
+    with sessions() as session, session.begin():
+        session.add(Ledger(job_id=job.id, note="stale"))
+        with pytest.raises(JobLostError, match=str(job.id)):
+            jobs.complete(session, stale)
+        session.rollback()
+    with sessions.begin() as session:
+        with pytest.raises(JobLostError):
+            jobs.fail(session, stale, "stale failure")
+        assert jobs.heartbeat(session, [stale, fresh], lease=LEASE) == {fresh.id}
+    with sessions() as session:
+        row = session.get(TaskJob, job.id)
+        assert row is not None and (row.status, row.locked_by, row.last_error) == ("running", "fresh", row.last_error)
+        assert "stale failure" not in (row.last_error or "")
+        assert _count(session, Ledger) == 0
+    with sessions.begin() as session:
+        jobs.complete(session, fresh)
+    with sessions() as session:
+        assert _count(session, TaskJob) == 0
+
+
+# -- reap, cancel, retry, stats, purge -------------------------------------
+
+
+def test_reap_requeues_or_kills_expired_leases_only(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue(session, "noop", {"n": 1})
+        jobs.enqueue(session, "noop", {"n": 2}, max_attempts=1)
+        jobs.enqueue(session, "noop", {"n": 3})
+    with sessions.begin() as session:
+        short = jobs.claim(session, limit=2, lease=timedelta(milliseconds=100))
+        [long] = jobs.claim(session, limit=1, lease=LEASE)
+    time.sleep(0.2)
+    with sessions.begin() as session:
+        result = jobs.reap(session)
+    assert (result.requeued, result.dead) == (1, 1)
+    with sessions() as session:
+        by_n = {j.payload["n"]: j for j in session.scalars(select(TaskJob))}
+    assert by_n[1].status == "pending" and "lease expired" in (by_n[1].last_error or "")
+    assert by_n[2].status == "dead" and by_n[2].attempts == 1
+    assert by_n[3].status == "running" and long.id == by_n[3].id and len(short) == 2
+    with sessions.begin() as session:
+        assert jobs.reap(session) .requeued == 0
+
+
+def test_cancel_only_pending_and_retry_dead(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        pending = jobs.enqueue(session, "noop")
+        running = jobs.enqueue(session, "noop", priority=-1)
+    with sessions.begin() as session:
+        [claimed] = jobs.claim(session)
+        assert claimed.id == running.id
+        assert jobs.cancel(session, pending.id) is True
+        assert jobs.cancel(session, running.id) is False
+        assert jobs.cancel(session, 10**12) is False
+        jobs.fail(session, claimed, "boom", discard=True)
+    with sessions() as session:
+        assert session.get(TaskJob, pending.id).status == "cancelled"  # type: ignore[union-attr]
+        assert session.get(TaskJob, running.id).status == "dead"  # type: ignore[union-attr]
+    with sessions.begin() as session:
+        assert jobs.retry(session, running.id) is True
+        assert jobs.retry(session, running.id) is False  # pending now
+    with sessions.begin() as session:
+        [again] = jobs.claim(session)
+        assert again.id == running.id and again.attempts == 2 and again.max_attempts >= 2
+
+
+def test_stats_per_queue_and_status_with_oldest_runnable_age(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue(session, "noop", queue="a", run_at=datetime.now(timezone.utc) - timedelta(minutes=5))
+        jobs.enqueue(session, "noop", queue="a")
+        jobs.enqueue(session, "noop", queue="a", delay=3600)
+        jobs.enqueue(session, "noop", queue="b")
+    with sessions.begin() as session:
+        jobs.claim(session, queues="b")
+    with sessions() as session:
+        stats = {(s.queue, s.status): s for s in jobs.stats(session)}
+    assert stats[("a", "pending")].count == 3 and stats[("b", "running")].count == 1
+    age = stats[("a", "pending")].oldest_runnable_age
+    assert age is not None and timedelta(minutes=4) < age < timedelta(minutes=6)
+    assert stats[("b", "running")].oldest_runnable_age is None
+
+
+def test_purge_deletes_finished_jobs_in_bounded_batches(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        reports.enqueue_many(session, [JobSpec("noop") for _ in range(5)])
+        keep = reports.enqueue(session, "noop", priority=10)
+    with sessions.begin() as session:
+        for job in reports.claim(session, limit=5):
+            reports.complete(session, job)
+    with sessions.begin() as session:
+        assert reports.purge(session, limit=3) == 3
+        assert reports.purge(session, limit=3) == 2
+        assert reports.purge(session, limit=3) == 0
+        with pytest.raises(InvalidArgumentError):
+            reports.purge(session, statuses=["pending"])
+    with sessions() as session:
+        assert [j.id for j in session.scalars(select(ReportJob))] == [keep.id]
+
+
+def test_run_jobs_helper_runs_handlers_inline(engine, sessions: sessionmaker[Session]) -> None:  # type: ignore[no-untyped-def]
+    with sessions.begin() as session:
+        created = jobs.enqueue_many(session, [JobSpec("ledger") for _ in range(5)])
+    result = run_jobs(engine, jobs, tasks)
+    assert result.completed == 5
+    with sessions() as session:
+        assert sorted(session.scalars(select(Ledger.job_id))) == sorted(j.id for j in created)
