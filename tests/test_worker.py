@@ -1,0 +1,146 @@
+"""The Worker in-process, in both modes: retries, dead, unknown tasks, heartbeats, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from sa_jobqueue import InvalidArgumentError, JobSpec, TaskRegistry, Worker
+
+from jobapp import Ledger, TaskJob, jobs, tasks
+
+MODES = ["lease", "transaction"]
+
+
+def _worker(engine: Engine, mode: str, **kwargs: object) -> Worker:
+    return Worker(engine, jobs, tasks, mode=mode, poll_interval=0.1, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_jobs_run_once_each_with_their_own_session(engine: Engine, sessions: sessionmaker[Session], mode: str) -> None:
+    with sessions.begin() as session:
+        created = jobs.enqueue_many(session, [JobSpec("ledger") for _ in range(50)])
+    result = _worker(engine, mode, concurrency=4).run(until_empty=True)
+    assert (result.completed, result.retried, result.dead, result.lost) == (50, 0, 0, 0)
+    with sessions() as session:
+        assert sorted(session.scalars(select(Ledger.job_id))) == sorted(j.id for j in created)
+        assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_retries_then_success_and_then_dead(engine: Engine, sessions: sessionmaker[Session], mode: str) -> None:
+    with sessions.begin() as session:
+        flaky = jobs.enqueue(session, "flaky", {"failures": 2})
+        doomed = jobs.enqueue(session, "always_fails")
+    result = _worker(engine, mode, concurrency=2).run(until_empty=True)
+    assert result.completed == 1 and result.dead == 1 and result.retried == 2 + 2
+    with sessions() as session:
+        notes = dict(session.execute(select(Ledger.job_id, Ledger.note)).all())
+        assert notes == {flaky.id: "attempt 3"}  # the failing handler's own write rolled back
+        row = session.get(TaskJob, doomed.id)
+        assert row is not None and row.status == "dead" and row.attempts == 3  # the task's max_attempts
+        assert "ValueError: always fails" in (row.last_error or "")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_unknown_task_goes_dead_with_a_clear_error(engine: Engine, sessions: sessionmaker[Session], mode: str) -> None:
+    with sessions.begin() as session:
+        job = jobs.enqueue(session, "no_such_task")
+        jobs.enqueue(session, "ledger")
+    result = _worker(engine, mode).run(until_empty=True)
+    assert result.dead == 1 and result.completed == 1
+    with sessions() as session:
+        row = session.get(TaskJob, job.id)
+        assert row is not None and row.status == "dead" and row.attempts == 1
+        assert "unknown task 'no_such_task'" in (row.last_error or "")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_handler_asks_for_a_retry_later(engine: Engine, sessions: sessionmaker[Session], mode: str) -> None:
+    with sessions.begin() as session:
+        job = jobs.enqueue(session, "retry_later")
+    _worker(engine, mode).run(until_empty=True)
+    with sessions() as session:
+        row = session.get(TaskJob, job.id)
+        assert row is not None and row.status == "pending" and row.attempts == 1
+        wait = row.run_at - session.scalar(select(func.now()))
+        assert timedelta(minutes=59) < wait <= timedelta(hours=1)
+        assert row.last_error == "RetryJob: not yet"
+
+
+def test_heartbeats_keep_a_slow_job_from_being_reaped(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        job = jobs.enqueue(session, "slow", {"seconds": 2.5})
+    # The lease is far shorter than the job; the worker reaps every 0.5 s.
+    result = _worker(engine, "lease", lease=timedelta(seconds=1)).run(until_empty=True)
+    assert (result.completed, result.lost) == (1, 0)
+    with sessions() as session:
+        assert [tuple(r) for r in session.execute(select(Ledger.job_id, Ledger.note))] == [(job.id, "attempt 1")]
+
+
+def test_without_heartbeats_a_slow_job_is_reaped_and_its_completion_fenced(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    with sessions.begin() as session:
+        job = jobs.enqueue(session, "slow", {"seconds": 2.0, "first_attempt_only": True})
+    worker = _worker(engine, "lease", lease=timedelta(seconds=1), heartbeat_interval=timedelta(hours=1))
+    result = worker.run(until_empty=True)
+    # The reaper took the job back mid-run; the first run's completion was refused
+    # and its ledger write rolled back; the second attempt committed once.
+    assert (result.lost, result.completed) == (1, 1)
+    with sessions() as session:
+        assert [tuple(r) for r in session.execute(select(Ledger.job_id, Ledger.note))] == [(job.id, "attempt 2")]
+
+
+def test_stop_finishes_running_jobs_and_returns(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("slow", {"seconds": 0.5}) for _ in range(6)])
+    worker = _worker(engine, "lease", concurrency=2)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while worker.result.completed == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    worker.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(TaskJob).where(TaskJob.status == "running")) == 0
+        done = session.scalar(select(func.count()).select_from(Ledger))
+        assert done == worker.result.completed < 6
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [({"concurrency": 0}, "concurrency"), ({"mode": "fast"}, "mode"), ({"queues": []}, "queues"),
+     ({"lease": timedelta(0)}, "lease"), ({"poll_interval": 0}, "poll_interval")],
+)
+def test_bad_worker_arguments(engine: Engine, kwargs: dict[str, object], parameter: str) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        Worker(engine, jobs, tasks, **kwargs)  # type: ignore[arg-type]
+    assert info.value.parameter == parameter
+
+
+def test_registry_rejects_duplicates_and_detects_session_argument() -> None:
+    registry = TaskRegistry()
+
+    @registry.task
+    def plain(job: object) -> None: ...
+
+    @registry.task("named", max_attempts=2)
+    def with_session(job: object, session: object) -> None: ...
+
+    assert registry.get("plain").takes_session is False  # type: ignore[union-attr]
+    named = registry.get("named")
+    assert named is not None and named.takes_session and named.max_attempts == 2
+    with pytest.raises(InvalidArgumentError, match="already registered"):
+        registry.register("plain", plain)
+    with pytest.raises(InvalidArgumentError) as info:
+        registry.register("x", plain, max_attempts=0)
+    assert info.value.parameter == "max_attempts"
