@@ -154,8 +154,8 @@ def _claim(args: argparse.Namespace) -> None:
     with Session(engine) as session:
         for _ in range(args.rounds):
             with session.begin():
-                claimed = jobs.claim(session, limit=args.limit, queues=["default"])
-            print(json.dumps([job.id for job in claimed]), flush=True)
+                ids = [job.id for job in jobs.claim(session, limit=args.limit, queues=["default"])]
+            print(json.dumps(ids), flush=True)
 
 
 def main() -> None:
