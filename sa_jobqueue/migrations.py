@@ -203,7 +203,9 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
       ``ck_<old>_max_attempts_v1`` to their ``<new>`` names; these must exist;
     * the primary key ``<old>_pkey`` and identity sequence ``<old>_id_seq``
       when they carry PostgreSQL's default names (skipped otherwise, e.g.
-      under a naming convention of your own).
+      under a naming convention of your own);
+    * on PostgreSQL 18 and later, the NOT NULL constraints
+      ``<old>_<column>_not_null`` of every column, yours included.
 
     Indexes or constraints of your own are left alone: rename them with
     ``op.execute("ALTER INDEX … RENAME TO …")``. For the downgrade, call it
@@ -243,3 +245,30 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
     op.execute(
         f"ALTER SEQUENCE IF EXISTS {_qualified(old_seq, schema)} RENAME TO {_quote(new_seq)}"
     )
+    op.execute(_rename_not_null_constraints(old, new, table))
+
+
+def _rename_not_null_constraints(old: str, new: str, table: str) -> str:
+    # PostgreSQL 18 records NOT NULL as constraints named <table>_<column>_not_null.
+    # Which columns have one is only known to the server (the user's columns
+    # too), so an anonymous block looks them up; it stores nothing, is a no-op
+    # before PostgreSQL 18, and also works when rendered offline. Names that
+    # PostgreSQL had to shorten, or that would no longer fit, are left alone.
+    return f"""DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT c.conname, '{new}_' || a.attname || '_not_null' AS new_name
+        FROM pg_constraint c
+        JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+        WHERE c.conrelid = '{table}'::regclass
+          AND c.contype = 'n'
+          AND c.conname = '{old}_' || a.attname || '_not_null'
+          AND octet_length('{new}_' || a.attname || '_not_null') <= {MAX_IDENTIFIER_BYTES}
+    LOOP
+        EXECUTE 'ALTER TABLE ' || '{table}'::regclass::text || ' RENAME CONSTRAINT '
+            || quote_ident(r.conname) || ' TO ' || quote_ident(r.new_name);
+    END LOOP;
+END
+$$"""
