@@ -1,0 +1,620 @@
+"""Migrations on a real PostgreSQL: the project's revisions and a user's own environment.
+
+Every test works on fresh databases of its own. The ``alembic`` command runs as
+a real subprocess (``python -m alembic``), the way users run it; the catalog
+(pg_indexes, pg_constraint, pg_class.reloptions, information_schema) is then
+compared with what the models declare, because ``alembic check`` alone cannot
+see a partial index predicate or a CHECK body.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from sqlalchemy import MetaData, create_engine, text
+from sqlalchemy.engine import URL
+
+from alembic import command
+from alembic.config import Config
+from sa_jobqueue import InvalidArgumentError
+from sa_jobqueue.default import Base as DefaultBase
+from sa_jobqueue.migrations import QUEUE_STORAGE, queue_storage
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_TABLE = "sa_jobqueue_jobs"
+CLEAN = "No new upgrade operations detected"
+TIMEOUT = 120
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def libpq(url: URL) -> str:
+    """``postgresql://…``: the form users put in DATABASE_URL."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def alembic_cli(
+    *args: str, cwd: Path, database_url: URL | None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    if database_url is not None:
+        env["DATABASE_URL"] = libpq(database_url)
+    proc = subprocess.run(
+        [sys.executable, "-m", "alembic", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    if check:
+        assert proc.returncode == 0, (
+            f"alembic {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def assert_no_drift(cwd: Path, url: URL) -> None:
+    proc = alembic_cli("check", cwd=cwd, database_url=url)
+    assert CLEAN in proc.stdout + proc.stderr
+
+
+def query(url: URL, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(text(sql), params)]
+    finally:
+        engine.dispose()
+
+
+def execute(url: URL, *statements: str) -> None:
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for statement in statements:
+                conn.execute(text(statement))
+    finally:
+        engine.dispose()
+
+
+def tables(url: URL) -> set[str]:
+    rows = query(url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+    return {name for (name,) in rows}
+
+
+def indexes(url: URL, table: str) -> dict[str, str]:
+    rows = query(
+        url,
+        "SELECT indexname, indexdef FROM pg_indexes "
+        "WHERE schemaname = 'public' AND tablename = :t",
+        t=table,
+    )
+    return dict(rows)  # type: ignore[arg-type]
+
+
+def constraints(url: URL, table: str) -> dict[str, str]:
+    rows = query(
+        url,
+        "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+        "WHERE conrelid = CAST(:t AS regclass)",
+        t=f"public.{table}",
+    )
+    return dict(rows)  # type: ignore[arg-type]
+
+
+def reloptions(url: URL, table: str) -> dict[str, str]:
+    rows = query(
+        url,
+        "SELECT reloptions FROM pg_class "
+        "WHERE relname = :t AND relnamespace = 'public'::regnamespace",
+        t=table,
+    )
+    assert rows, f"no table {table}"
+    return dict(option.split("=", 1) for option in rows[0][0] or [])
+
+
+def columns(url: URL, table: str) -> list[tuple[Any, ...]]:
+    return query(
+        url,
+        "SELECT column_name, data_type, character_maximum_length, is_nullable, "
+        "column_default, is_identity, identity_generation "
+        "FROM information_schema.columns WHERE table_schema = 'public' AND table_name = :t "
+        "ORDER BY ordinal_position",
+        t=table,
+    )
+
+
+def sequences(url: URL) -> set[str]:
+    rows = query(url, "SELECT sequencename FROM pg_sequences WHERE schemaname = 'public'")
+    return {name for (name,) in rows}
+
+
+def snapshot(url: URL, names: Iterable[str]) -> dict[str, Any]:
+    """What a table is, as PostgreSQL reports it (storage parameters aside)."""
+    return {
+        name: {
+            "columns": columns(url, name),
+            "indexes": indexes(url, name),
+            "constraints": constraints(url, name),
+        }
+        for name in names
+    }
+
+
+def reference_snapshot(
+    create_database: Callable[[], URL], metadata: MetaData, names: Iterable[str]
+) -> dict[str, Any]:
+    """The snapshot of ``metadata.create_all`` on a fresh database: what the models declare."""
+    url = create_database()
+    engine = create_engine(url)
+    try:
+        metadata.create_all(engine)
+    finally:
+        engine.dispose()
+    return snapshot(url, names)
+
+
+def expected_reloptions(parameters: dict[str, Any]) -> dict[str, str]:
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in parameters.items()}
+
+
+def assert_job_objects(url: URL, table: str) -> None:
+    """The job indexes, with their exact predicates, and the named checks exist."""
+    found = indexes(url, table)
+    assert found[f"ix_{table}_claim_v1"] == (
+        f"CREATE INDEX ix_{table}_claim_v1 ON public.{table} USING btree "
+        "(priority, run_at, id) WHERE ((status)::text = 'pending'::text)"
+    )
+    assert found[f"ix_{table}_lease_v1"] == (
+        f"CREATE INDEX ix_{table}_lease_v1 ON public.{table} USING btree "
+        "(lease_expires_at) WHERE ((status)::text = 'running'::text)"
+    )
+    assert found[f"uq_{table}_dedupe_v1"] == (
+        f"CREATE UNIQUE INDEX uq_{table}_dedupe_v1 ON public.{table} USING btree "
+        "(queue, dedupe_key) WHERE ((dedupe_key IS NOT NULL) AND "
+        "((status)::text = ANY ((ARRAY['pending'::character varying, "
+        "'running'::character varying])::text[])))"
+    )
+    checks = constraints(url, table)
+    assert checks[f"ck_{table}_max_attempts_v1"] == "CHECK ((max_attempts >= 1))"
+    status_check = checks[f"ck_{table}_status_v1"]
+    for status in ("pending", "running", "done", "dead", "cancelled"):
+        assert f"'{status}'" in status_check
+
+
+# --------------------------------------------------------------------------- the project's revisions
+
+
+def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[], URL]) -> None:
+    url = create_database()
+    # The database of an application with a history and tables of its own.
+    execute(
+        url,
+        "CREATE TABLE app_users (id serial PRIMARY KEY, name text)",
+        "CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY)",
+        "INSERT INTO alembic_version VALUES ('app_rev_42')",
+    )
+
+    alembic_cli("upgrade", "head", cwd=REPO, database_url=url)
+
+    assert {DEFAULT_TABLE, "sa_jobqueue_alembic_version"} <= tables(url)
+    assert_job_objects(url, DEFAULT_TABLE)
+    assert reloptions(url, DEFAULT_TABLE) == expected_reloptions(dict(QUEUE_STORAGE))
+    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0001",)]
+    # The application's history and tables are left alone.
+    assert query(url, "SELECT version_num FROM alembic_version") == [("app_rev_42",)]
+    # The schema the revisions build is the schema the model declares.
+    reference = reference_snapshot(create_database, DefaultBase.metadata, [DEFAULT_TABLE])
+    assert snapshot(url, [DEFAULT_TABLE]) == reference
+    ids = query(url, "SELECT is_identity FROM information_schema.columns "
+                "WHERE table_name = :t AND column_name = 'id'", t=DEFAULT_TABLE)
+    assert ids == [("YES",)]
+    payload = query(url, "SELECT data_type FROM information_schema.columns "
+                    "WHERE table_name = :t AND column_name = 'payload'", t=DEFAULT_TABLE)
+    assert payload == [("jsonb",)]
+
+    # No drift, and the application's own table is not reported as one to drop.
+    assert_no_drift(REPO, url)
+
+    alembic_cli("downgrade", "base", cwd=REPO, database_url=url)
+    assert DEFAULT_TABLE not in tables(url)
+    assert "app_users" in tables(url)
+    assert query(url, "SELECT count(*) FROM sa_jobqueue_alembic_version") == [(0,)]
+
+    alembic_cli("upgrade", "head", cwd=REPO, database_url=url)
+    assert snapshot(url, [DEFAULT_TABLE]) == reference
+    assert reloptions(url, DEFAULT_TABLE) == expected_reloptions(dict(QUEUE_STORAGE))
+    assert_no_drift(REPO, url)
+
+
+def test_check_reports_real_drift(create_database: Callable[[], URL]) -> None:
+    """``alembic check`` is not blind: a dropped column and a stray index are reported."""
+    url = create_database()
+    alembic_cli("upgrade", "head", cwd=REPO, database_url=url)
+    execute(
+        url,
+        f"ALTER TABLE {DEFAULT_TABLE} DROP COLUMN finished_at",
+        f"CREATE INDEX ix_stray ON {DEFAULT_TABLE} (task)",
+    )
+    proc = alembic_cli("check", cwd=REPO, database_url=url, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "finished_at" in output
+    assert "ix_stray" in output
+
+
+def test_project_revisions_on_a_given_connection(create_database: Callable[[], URL]) -> None:
+    """``config.attributes["connection"]``: migrations run on the caller's connection."""
+    url = create_database()
+    cfg = Config(str(REPO / "alembic.ini"))
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            conn.commit()
+        assert_job_objects(url, DEFAULT_TABLE)
+        assert reloptions(url, DEFAULT_TABLE) == expected_reloptions(dict(QUEUE_STORAGE))
+
+        with engine.connect() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "base")
+            conn.commit()
+        assert DEFAULT_TABLE not in tables(url)
+    finally:
+        engine.dispose()
+
+
+def test_offline_sql_needs_no_database() -> None:
+    proc = alembic_cli("upgrade", "head", "--sql", cwd=REPO, database_url=None)
+    sql = proc.stdout
+    assert f"CREATE TABLE {DEFAULT_TABLE}" in sql
+    assert f"ON {DEFAULT_TABLE} (priority, run_at, id) WHERE status = 'pending'" in sql
+    assert "CONSTRAINT ck_sa_jobqueue_jobs_status_v1 CHECK" in sql
+    assert f"ALTER TABLE {DEFAULT_TABLE} SET (fillfactor = 80" in sql
+    assert "INSERT INTO sa_jobqueue_alembic_version" in sql
+
+
+def test_online_without_database_url_says_what_to_set() -> None:
+    proc = alembic_cli("upgrade", "head", cwd=REPO, database_url=None, check=False)
+    assert proc.returncode != 0
+    assert "DATABASE_URL is not set" in proc.stderr
+
+
+# --------------------------------------------------------------------------- a user's environment
+
+MODELS = '''
+from sqlalchemy import ForeignKey, Index, MetaData, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
+
+from sa_jobqueue import JobMixin, job_table_args
+
+
+class Base(DeclarativeBase):
+    # A naming convention, as many apps have: the job objects keep their own names.
+    metadata = MetaData(naming_convention={{
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    }})
+
+
+class Customer(Base):
+    __tablename__ = "customers"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+
+
+class EmailJob(JobMixin, Base):
+    __tablename__ = "email_jobs"
+    customer_id: Mapped[int | None] = mapped_column(ForeignKey("customers.id"))
+
+    @declared_attr.directive
+    def __table_args__(cls):
+        return (*job_table_args(cls.__tablename__), Index("ix_email_jobs_customer", "customer_id"))
+
+
+class ReportJob(JobMixin, Base):
+    __tablename__ = "{report_table}"
+    __keep_done__ = True
+'''
+
+USER_ENV = '''
+import os
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from sa_jobqueue.urls import psycopg_url
+
+import models
+
+config = context.config
+target_metadata = models.Base.metadata
+
+
+def run_migrations_offline():
+    context.configure(
+        url=psycopg_url(os.environ["DATABASE_URL"]),
+        target_metadata=target_metadata,
+        literal_binds=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online():
+    engine = create_engine(psycopg_url(os.environ["DATABASE_URL"]), poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        context.configure(connection=connection, target_metadata=target_metadata)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()
+'''
+
+USER_INI = """
+[alembic]
+script_location = %(here)s/alembic
+prepend_sys_path = .
+path_separator = os
+"""
+
+RENAME_REVISION = '''
+"""rename report_jobs to invoice_jobs, tune storage"""
+
+from sa_jobqueue.migrations import (
+    QUEUE_STORAGE,
+    rename_job_table,
+    reset_queue_storage,
+    set_queue_storage,
+)
+
+revision = "u0002"
+down_revision = "u0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    rename_job_table("report_jobs", "invoice_jobs")
+    set_queue_storage("invoice_jobs", fillfactor=90, autovacuum_vacuum_cost_delay=0)
+    set_queue_storage("email_jobs")
+
+
+def downgrade():
+    reset_queue_storage("email_jobs")
+    # Extra parameters are reset by name, next to the defaults.
+    reset_queue_storage("invoice_jobs", *QUEUE_STORAGE, "autovacuum_vacuum_cost_delay")
+    rename_job_table("invoice_jobs", "report_jobs")
+'''
+
+
+def write_models(project: Path, report_table: str) -> None:
+    (project / "models.py").write_text(MODELS.format(report_table=report_table))
+
+
+def load_models(project: Path, tag: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"user_models_{tag}", project / "models.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def user_project(tmp_path: Path) -> Path:
+    """An ``alembic init``-style project with a models module of its own."""
+    (tmp_path / "alembic" / "versions").mkdir(parents=True)
+    (tmp_path / "alembic" / "env.py").write_text(textwrap.dedent(USER_ENV))
+    (tmp_path / "alembic" / "script.py.mako").write_text(
+        (REPO / "alembic" / "script.py.mako").read_text()
+    )
+    (tmp_path / "alembic.ini").write_text(USER_INI)
+    write_models(tmp_path, "report_jobs")
+    return tmp_path
+
+
+def test_user_environment_autogenerate_upgrade_rename(
+    user_project: Path, create_database: Callable[[], URL]
+) -> None:
+    url = create_database()
+    user_tables = ["customers", "email_jobs", "report_jobs"]
+
+    alembic_cli(
+        "revision", "--autogenerate", "--rev-id", "u0001", "-m", "jobs",
+        cwd=user_project, database_url=url,
+    )
+    (generated,) = (user_project / "alembic" / "versions").glob("u0001_*.py")
+    source = generated.read_text()
+    for table in ("email_jobs", "report_jobs"):
+        assert f"op.create_index(op.f('ix_{table}_claim_v1'), '{table}', " in source
+        assert "postgresql_where=sa.text(\"status = 'pending'\")" in source
+        assert "postgresql_where=sa.text(\"status = 'running'\")" in source
+        assert f"op.create_index(op.f('uq_{table}_dedupe_v1'), '{table}', " in source
+        assert f"name=op.f('ck_{table}_status_v1')" in source
+        assert f"name=op.f('ck_{table}_max_attempts_v1')" in source
+    assert (
+        "postgresql_where=sa.text(\"dedupe_key IS NOT NULL AND status IN "
+        "('pending', 'running')\")"
+    ) in source
+    assert "sa.Column('customer_id', sa.Integer(), nullable=True)" in source
+    assert "op.create_index('ix_email_jobs_customer', 'email_jobs', ['customer_id']" in source
+    assert "sa.Identity(always=False)" in source
+    assert "postgresql.JSONB" in source
+    # Stock types only: the revision does not depend on sa_jobqueue.
+    assert "sa_jobqueue" not in source
+
+    alembic_cli("upgrade", "head", cwd=user_project, database_url=url)
+    assert set(user_tables) <= tables(url)
+    for table in ("email_jobs", "report_jobs"):
+        assert_job_objects(url, table)
+    models = load_models(user_project, "before")
+    assert snapshot(url, user_tables) == reference_snapshot(
+        create_database, models.Base.metadata, user_tables
+    )
+    assert_no_drift(user_project, url)
+
+    # Rows that must survive the rename, and a live dedupe key that must stay unique.
+    execute(
+        url,
+        "INSERT INTO report_jobs (task, dedupe_key) VALUES ('monthly', 'm-2026-11')",
+        "INSERT INTO report_jobs (task) VALUES ('weekly')",
+    )
+
+    # A hand-written revision: rename a job table, tune storage; then the model follows.
+    (user_project / "alembic" / "versions" / "u0002_rename.py").write_text(RENAME_REVISION)
+    write_models(user_project, "invoice_jobs")
+    alembic_cli("upgrade", "head", cwd=user_project, database_url=url)
+
+    renamed_tables = ["customers", "email_jobs", "invoice_jobs"]
+    assert "report_jobs" not in tables(url)
+    assert_job_objects(url, "invoice_jobs")
+    assert set(indexes(url, "invoice_jobs")) == {
+        "invoice_jobs_pkey",
+        "ix_invoice_jobs_claim_v1",
+        "ix_invoice_jobs_lease_v1",
+        "uq_invoice_jobs_dedupe_v1",
+    }
+    renamed_constraints = set(constraints(url, "invoice_jobs"))
+    # PostgreSQL 18+ also lists NOT NULL constraints, named <table>_<column>_not_null.
+    assert {n for n in renamed_constraints if not n.endswith("_not_null")} == {
+        "invoice_jobs_pkey",
+        "ck_invoice_jobs_status_v1",
+        "ck_invoice_jobs_max_attempts_v1",
+    }
+    assert not [n for n in renamed_constraints if "report_jobs" in n]
+    assert "invoice_jobs_id_seq" in sequences(url)
+    assert "report_jobs_id_seq" not in sequences(url)
+    # The database now is exactly what a fresh create_all of the renamed models gives.
+    renamed = load_models(user_project, "after")
+    assert snapshot(url, renamed_tables) == reference_snapshot(
+        create_database, renamed.Base.metadata, renamed_tables
+    )
+    assert reloptions(url, "invoice_jobs") == expected_reloptions(
+        queue_storage(fillfactor=90, autovacuum_vacuum_cost_delay=0)
+    )
+    assert reloptions(url, "email_jobs") == expected_reloptions(dict(QUEUE_STORAGE))
+    assert reloptions(url, "customers") == {}
+    # The rows came along; identity and the dedupe index still work under the new names.
+    assert query(url, "SELECT id, task FROM invoice_jobs ORDER BY id") == [
+        (1, "monthly"),
+        (2, "weekly"),
+    ]
+    assert query(url, "INSERT INTO invoice_jobs (task) VALUES ('daily') RETURNING id") == [(3,)]
+    duplicate = query(
+        url,
+        "INSERT INTO invoice_jobs (task, dedupe_key) VALUES ('monthly', 'm-2026-11') "
+        "ON CONFLICT (queue, dedupe_key) WHERE dedupe_key IS NOT NULL "
+        "AND status IN ('pending', 'running') DO NOTHING RETURNING id",
+    )
+    assert duplicate == []
+    assert_no_drift(user_project, url)
+
+    # Downgrade undoes both: old names back, storage reset.
+    alembic_cli("downgrade", "u0001", cwd=user_project, database_url=url)
+    assert "invoice_jobs" not in tables(url)
+    assert_job_objects(url, "report_jobs")
+    assert "report_jobs_id_seq" in sequences(url)
+    assert reloptions(url, "report_jobs") == {}
+    assert reloptions(url, "email_jobs") == {}
+    assert snapshot(url, user_tables) == reference_snapshot(
+        create_database, models.Base.metadata, user_tables
+    )
+
+
+# --------------------------------------------------------------------------- helpers' arguments
+
+
+def _offline_sql(upgrade_body: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run a one-revision environment offline and return the rendered SQL."""
+    (tmp_path / "alembic" / "versions").mkdir(parents=True)
+    (tmp_path / "alembic.ini").write_text(USER_INI)
+    (tmp_path / "alembic" / "env.py").write_text(
+        textwrap.dedent(
+            """
+            from alembic import context
+            context.configure(dialect_name="postgresql", literal_binds=True)
+            with context.begin_transaction():
+                context.run_migrations()
+            """
+        )
+    )
+    (tmp_path / "alembic" / "versions" / "x1.py").write_text(
+        "from sa_jobqueue.migrations import rename_job_table, reset_queue_storage, "
+        "set_queue_storage\n"
+        "revision = 'x1'\ndown_revision = None\nbranch_labels = None\ndepends_on = None\n"
+        f"def upgrade():\n{textwrap.indent(textwrap.dedent(upgrade_body), '    ')}\n"
+        "def downgrade():\n    pass\n"
+    )
+    return alembic_cli("upgrade", "head", "--sql", cwd=tmp_path, database_url=None, check=False)
+
+
+def test_helpers_render_quoted_sql_offline(tmp_path: Path) -> None:
+    proc = _offline_sql(
+        """
+        set_queue_storage("Jobs", schema="work", fillfactor=None, vacuum_truncate=False)
+        reset_queue_storage("Jobs", "fillfactor", schema="work")
+        rename_job_table("Jobs", "order", schema="work")
+        """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    sql = proc.stdout
+    assert (
+        'ALTER TABLE work."Jobs" SET (autovacuum_vacuum_scale_factor = 0.02, '
+        "autovacuum_vacuum_threshold = 200, autovacuum_analyze_scale_factor = 0.02, "
+        "vacuum_truncate = false)"
+    ) in sql
+    assert 'ALTER TABLE work."Jobs" RESET (fillfactor)' in sql
+    assert 'ALTER TABLE work."Jobs" RENAME TO "order"' in sql
+    assert 'ALTER TABLE work."order" RENAME CONSTRAINT "ck_Jobs_status_v1" TO ck_order_status_v1' in sql
+    assert 'ALTER INDEX work."ix_Jobs_claim_v1" RENAME TO ix_order_claim_v1' in sql
+    assert 'ALTER INDEX IF EXISTS work."Jobs_pkey" RENAME TO order_pkey' in sql
+    assert 'ALTER SEQUENCE IF EXISTS work."Jobs_id_seq" RENAME TO order_id_seq' in sql
+    assert "WHERE c.conrelid = 'work.\"order\"'::regclass" in sql
+
+
+@pytest.mark.parametrize(
+    ("body", "parameter"),
+    [
+        ('set_queue_storage("jobs; DROP TABLE x")', "table_name"),
+        ('set_queue_storage("jobs", fillfactor="80; DROP TABLE x")', "fillfactor"),
+        ('set_queue_storage("jobs", **{"Bad-Name": 1})', "Bad-Name"),
+        ('reset_queue_storage("jobs", schema="a.b")', "schema"),
+        ('rename_job_table("jobs", "jobs")', "new"),
+        ('rename_job_table("jobs", "j" * 45)', "new"),
+    ],
+)
+def test_helpers_refuse_bad_arguments(tmp_path: Path, body: str, parameter: str) -> None:
+    proc = _offline_sql(body, tmp_path)
+    assert proc.returncode != 0
+    assert f"InvalidArgumentError: {parameter}: " in proc.stderr
+    assert "ALTER" not in proc.stdout
+
+
+def test_queue_storage_merges_overrides() -> None:
+    assert queue_storage() == dict(QUEUE_STORAGE)
+    merged = queue_storage(fillfactor=None, autovacuum_vacuum_cost_delay=0)
+    assert "fillfactor" not in merged
+    assert merged["autovacuum_vacuum_cost_delay"] == 0
+    with pytest.raises(TypeError):
+        QUEUE_STORAGE["fillfactor"] = 50  # type: ignore[index]
+    assert issubclass(InvalidArgumentError, ValueError)
