@@ -133,6 +133,19 @@ class JobRepository(Generic[M]):
         self.keep_done: bool = bool(getattr(model, "__keep_done__", False))
         job_columns = {name for name in JobMixin.__annotations__ if not name.startswith("__")}
         self._user_columns = frozenset(c.key for c in table.columns if c.key not in job_columns)
+        # Statements are values: built once, reused with new parameters, so the
+        # hot path skips construction and hits SQLAlchemy's compiled cache.
+        self._claim = statements.claim(model)
+        self._complete = statements.complete(model, keep_done=self.keep_done)
+        self._fail = statements.fail(model)
+        self._heartbeat = statements.heartbeat(model)
+        self._reap = statements.reap(model)
+        self._cancel = statements.cancel(model)
+        self._retry = statements.retry(model)
+        self._insert = statements.insert_jobs(model, dedupe=False).returning(
+            model, sort_by_parameter_order=True
+        )
+        self._insert_dedupe = statements.insert_jobs(model, dedupe=True).returning(model)
 
     def __repr__(self) -> str:
         return f"JobRepository({self.model.__name__})"
@@ -180,14 +193,10 @@ class JobRepository(Generic[M]):
         for (dedupe, _), indexes in groups.items():
             params = [rows[i] for i in indexes]
             if not dedupe:
-                stmt = statements.insert_jobs(self.model, dedupe=False).returning(
-                    self.model, sort_by_parameter_order=True
-                )
-                for i, job in zip(indexes, session.scalars(stmt, params).all()):
+                for i, job in zip(indexes, session.scalars(self._insert, params).all()):
                     result[i] = job
                 continue
-            stmt = statements.insert_jobs(self.model, dedupe=True).returning(self.model)
-            inserted = session.scalars(stmt, params).all()
+            inserted = session.scalars(self._insert_dedupe, params).all()
             by_key = {(job.queue, job.dedupe_key): job for job in inserted}
             wanted = {(row["queue"], row["dedupe_key"]) for row in params} - set(by_key)
             if wanted:
@@ -229,19 +238,19 @@ class JobRepository(Generic[M]):
         limit = _positive("limit", limit)
         if not isinstance(lease, timedelta) or lease <= timedelta(0):
             raise InvalidArgumentError("lease", f"must be a positive timedelta, got {lease!r}")
-        stmt = statements.claim(
-            self.model, queues=_queues(queues), limit=limit,
-            worker=worker or default_worker_name(), lease=lease,
-        )
-        jobs = list(session.scalars(stmt, execution_options=_NO_SYNC).all())
+        params = {
+            "queues": _queues(queues), "limit": limit,
+            "worker": worker or default_worker_name(), "lease": lease,
+        }
+        jobs = list(session.scalars(self._claim, params, execution_options=_NO_SYNC).all())
         jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
         return jobs
 
     def complete(self, session: Session, job: M) -> None:
         """Finish a claimed job: delete it, or mark it ``done`` when the model
         sets ``__keep_done__``. Raise :class:`JobLostError` if not owned."""
-        stmt = statements.complete(self.model, job.id, job.lock_token, keep_done=self.keep_done)
-        if session.execute(stmt, execution_options=_NO_SYNC).first() is None:
+        params = {"job_id": job.id, "token": job.lock_token}
+        if session.execute(self._complete, params, execution_options=_NO_SYNC).first() is None:
             raise JobLostError(job.id, "complete")
 
     def fail(
@@ -267,11 +276,11 @@ class JobRepository(Generic[M]):
             _positive("max_attempts", max_attempts)
         at = check_aware("at", at)
         wait = check_delay("delay", delay) if delay is not None else policy.delay(job.attempts)
-        stmt = statements.fail(
-            self.model, job.id, job.lock_token, error=str(error), delay=wait, at=at,
-            max_attempts=max_attempts, discard=discard,
-        )
-        row = session.execute(stmt, execution_options=_NO_SYNC).first()
+        params = {
+            "job_id": job.id, "token": job.lock_token, "error": str(error), "delay": wait, "at": at,
+            "attempts_limit": max_attempts, "discard": discard,
+        }
+        row = session.execute(self._fail, params, execution_options=_NO_SYNC).first()
         if row is None:
             raise JobLostError(job.id, "fail")
         return str(row.status)
@@ -284,31 +293,26 @@ class JobRepository(Generic[M]):
         """
         if not jobs:
             return set()
-        stmt = statements.heartbeat(
-            self.model, [j.id for j in jobs], [j.lock_token for j in jobs], lease
-        )
-        return set(session.scalars(stmt, execution_options=_NO_SYNC).all())
+        params = {"ids": [j.id for j in jobs], "tokens": [j.lock_token for j in jobs], "lease": lease}
+        return set(session.scalars(self._heartbeat, params, execution_options=_NO_SYNC).all())
 
     # -- housekeeping ----------------------------------------------------
 
     def reap(self, session: Session, *, limit: int = 1000) -> ReapResult:
         """Send running jobs whose lease expired back to pending, or to dead
         when their attempts are exhausted. Safe to run from many workers."""
-        rows = session.execute(
-            statements.reap(self.model, limit=_positive("limit", limit)), execution_options=_NO_SYNC
-        ).all()
+        params = {"limit": _positive("limit", limit)}
+        rows = session.execute(self._reap, params, execution_options=_NO_SYNC).all()
         dead = sum(1 for row in rows if row.status == DEAD)
         return ReapResult(requeued=len(rows) - dead, dead=dead)
 
     def cancel(self, session: Session, job_id: int) -> bool:
         """Cancel a pending job; return False if it is not pending (any more)."""
-        stmt = statements.cancel(self.model, job_id)
-        return session.execute(stmt, execution_options=_NO_SYNC).first() is not None
+        return session.execute(self._cancel, {"job_id": job_id}, execution_options=_NO_SYNC).first() is not None
 
     def retry(self, session: Session, job_id: int) -> bool:
         """Send a dead or cancelled job back to pending now; False if it is neither."""
-        stmt = statements.retry(self.model, job_id)
-        return session.execute(stmt, execution_options=_NO_SYNC).first() is not None
+        return session.execute(self._retry, {"job_id": job_id}, execution_options=_NO_SYNC).first() is not None
 
     def purge(
         self,

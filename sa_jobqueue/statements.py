@@ -79,7 +79,7 @@ def live_jobs_by_dedupe_key(model: Any, queues: Sequence[str], keys: Sequence[st
     )
 
 
-def claim(model: Any, *, queues: Sequence[str], limit: int, worker: str, lease: timedelta) -> Update:
+def claim(model: Any) -> Update:
     """Claim up to ``limit`` runnable jobs from ``queues`` in one statement.
 
     Shape (design notes, section 1): a CTE holds ``FOR UPDATE SKIP LOCKED``
@@ -89,16 +89,18 @@ def claim(model: Any, *, queues: Sequence[str], limit: int, worker: str, lease: 
     eligibility predicate sits inside the CTE before the LIMIT, and its
     ``WHERE status = 'pending' … ORDER BY priority, run_at, id`` is the claim
     index's predicate and order.
+
+    Parameters: ``queues`` (list), ``limit``, ``worker``, ``lease`` (timedelta).
     """
     picked = (
         select(model.id)
         .where(
             model.status == _PENDING,
-            model.queue == any_(bindparam("queues", list(queues), type_=ARRAY(String))),
+            model.queue == any_(bindparam("queues", type_=ARRAY(String))),
             model.run_at <= func.now(),
         )
         .order_by(model.priority, model.run_at, model.id)
-        .limit(limit)
+        .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
         .cte("picked")
     )
@@ -109,101 +111,98 @@ def claim(model: Any, *, queues: Sequence[str], limit: int, worker: str, lease: 
             status=RUNNING,
             attempts=model.attempts + 1,
             locked_at=func.now(),
-            locked_by=worker,
-            lease_expires_at=func.now() + bindparam("lease", lease, type_=Interval()),
+            locked_by=bindparam("worker"),
+            lease_expires_at=func.now() + bindparam("lease", type_=Interval()),
             lock_token=func.gen_random_uuid(),
         )
         .returning(model)
     )
 
 
-def _owned(model: Any, job_id: int, token: Any) -> Any:
-    """The fence: the row is still running under the caller's claim."""
+def _owned(model: Any) -> Any:
+    """The fence: the row is still running under the caller's claim
+    (parameters ``job_id`` and ``token``)."""
     return and_(
-        model.id == job_id,
-        model.lock_token == bindparam("token", token, type_=Uuid()),
+        model.id == bindparam("job_id"),
+        model.lock_token == bindparam("token", type_=Uuid()),
         model.status == _RUNNING,
     )
 
 
-def complete(model: Any, job_id: int, token: Any, *, keep_done: bool) -> Update | Delete:
+def complete(model: Any, *, keep_done: bool) -> Update | Delete:
     """Finish a claimed job: delete it, or keep it as ``done``. Fenced."""
     if not keep_done:
-        return delete(model).where(_owned(model, job_id, token)).returning(model.id)
+        return delete(model).where(_owned(model)).returning(model.id)
     return (
         update(model)
-        .where(_owned(model, job_id, token))
+        .where(_owned(model))
         .values(status=DONE, finished_at=func.now(), lease_expires_at=None, lock_token=None)
         .returning(model.id)
     )
 
 
-def fail(
-    model: Any,
-    job_id: int,
-    token: Any,
-    *,
-    error: str,
-    delay: timedelta,
-    at: Any,
-    max_attempts: int | None,
-    discard: bool,
-) -> Update:
+def fail(model: Any) -> Update:
     """Record a failed attempt: back to pending at the retry time, or dead. Fenced.
 
     The job is dead when ``discard`` is set or its attempts reached the
     effective maximum (``max_attempts`` when given, else the row's). The
     decision is taken in the statement from the row's current attempts.
+    Parameters: ``job_id``, ``token``, ``error``, ``delay``, ``at``,
+    ``attempts_limit`` (or None), ``discard``.
     """
-    limit = func.coalesce(bindparam("max_attempts", max_attempts, type_=model.attempts.type),
+    limit = func.coalesce(bindparam("attempts_limit", type_=model.attempts.type),
                           model.max_attempts)
-    dead = or_(bindparam("discard", discard, type_=Boolean()), model.attempts >= limit)
+    dead = or_(bindparam("discard", type_=Boolean()), model.attempts >= limit)
     return (
         update(model)
-        .where(_owned(model, job_id, token))
+        .where(_owned(model))
         .values(
             status=case((dead, DEAD), else_=PENDING),
             run_at=case(
                 (dead, model.run_at),
                 else_=func.coalesce(
-                    bindparam("at", at, type_=DateTime(timezone=True)),
-                    func.now() + bindparam("delay", delay, type_=Interval()),
+                    bindparam("at", type_=DateTime(timezone=True)),
+                    func.now() + bindparam("delay", type_=Interval()),
                 ),
             ),
             finished_at=case((dead, func.now()), else_=None),
-            last_error=error,
+            last_error=bindparam("error"),
             **_released(),
         )
         .returning(model.status, model.run_at)
     )
 
 
-def heartbeat(model: Any, job_ids: Sequence[int], tokens: Sequence[Any], lease: timedelta) -> Update:
-    """Extend the lease of jobs still owned; returns the ids it extended. Fenced."""
+def heartbeat(model: Any) -> Update:
+    """Extend the lease of jobs still owned; returns the ids it extended. Fenced.
+
+    Parameters: ``ids``, ``tokens`` (lists), ``lease``.
+    """
     return (
         update(model)
         .where(
-            model.id == any_(bindparam("ids", list(job_ids), type_=ARRAY(model.id.type))),
-            model.lock_token == any_(bindparam("tokens", list(tokens), type_=ARRAY(Uuid()))),
+            model.id == any_(bindparam("ids", type_=ARRAY(model.id.type))),
+            model.lock_token == any_(bindparam("tokens", type_=ARRAY(Uuid()))),
             model.status == _RUNNING,
         )
-        .values(lease_expires_at=func.now() + bindparam("lease", lease, type_=Interval()))
+        .values(lease_expires_at=func.now() + bindparam("lease", type_=Interval()))
         .returning(model.id)
     )
 
 
-def reap(model: Any, *, limit: int) -> Update:
+def reap(model: Any) -> Update:
     """Return running jobs whose lease expired to pending, or to dead when out of attempts.
 
     The expired rows are locked with SKIP LOCKED in a CTE, so several workers
     may reap at once: each row is reaped by one of them, and a job whose
     worker is finishing it right now (row locked) is left alone.
+    Parameter: ``limit``.
     """
     expired = (
         select(model.id)
         .where(model.status == _RUNNING, model.lease_expires_at < func.now())
         .order_by(model.lease_expires_at)
-        .limit(limit)
+        .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
         .cte("expired")
     )
@@ -225,25 +224,25 @@ def reap(model: Any, *, limit: int) -> Update:
     )
 
 
-def cancel(model: Any, job_id: int) -> Update:
-    """Cancel a job that is still pending."""
+def cancel(model: Any) -> Update:
+    """Cancel a job that is still pending (parameter ``job_id``)."""
     return (
         update(model)
-        .where(model.id == job_id, model.status == _PENDING)
+        .where(model.id == bindparam("job_id"), model.status == _PENDING)
         .values(status=CANCELLED, finished_at=func.now())
         .returning(model.id)
     )
 
 
-def retry(model: Any, job_id: int) -> Update:
+def retry(model: Any) -> Update:
     """Send a dead or cancelled job back to pending, runnable now.
 
     Attempts are kept (history); ``max_attempts`` grows by one when needed so
-    that the job gets at least one more attempt.
+    that the job gets at least one more attempt. Parameter: ``job_id``.
     """
     return (
         update(model)
-        .where(model.id == job_id, model.status.in_((DEAD, CANCELLED)))
+        .where(model.id == bindparam("job_id"), model.status.in_((DEAD, CANCELLED)))
         .values(
             status=PENDING,
             run_at=func.now(),
