@@ -230,11 +230,11 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
 
     op.rename_table(old, new, schema=schema)
     table = _qualified(new, schema)
-    for old_ck, new_ck in zip(before["constraints"], after["constraints"]):
+    for old_ck, new_ck in zip(before["constraints"], after["constraints"], strict=True):
         op.execute(
             f"ALTER TABLE {table} RENAME CONSTRAINT {_quote(old_ck)} TO {_quote(new_ck)}"
         )
-    for old_ix, new_ix in zip(before["indexes"], after["indexes"]):
+    for old_ix, new_ix in zip(before["indexes"], after["indexes"], strict=True):
         op.execute(f"ALTER INDEX {_qualified(old_ix, schema)} RENAME TO {_quote(new_ix)}")
     old_pkey, old_seq = before["default_names"]
     new_pkey, new_seq = after["default_names"]

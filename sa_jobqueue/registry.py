@@ -76,7 +76,8 @@ class TaskRegistry:
             raise InvalidArgumentError("name", f"task {name!r} is already registered")
         if not callable(handler):
             raise InvalidArgumentError("handler", "must be callable")
-        if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1):
+        bad_int = isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        if max_attempts is not None and bad_int:
             raise InvalidArgumentError("max_attempts", f"must be a positive integer, got {max_attempts!r}")
         if not isinstance(retry, RetryPolicy):
             raise InvalidArgumentError("retry", "must be a RetryPolicy")

@@ -193,7 +193,7 @@ class JobRepository(Generic[M]):
         for (dedupe, _), indexes in groups.items():
             params = [rows[i] for i in indexes]
             if not dedupe:
-                for i, job in zip(indexes, session.scalars(self._insert, params).all()):
+                for i, job in zip(indexes, session.scalars(self._insert, params).all(), strict=True):
                     result[i] = job
                 continue
             inserted = session.scalars(self._insert_dedupe, params).all()
@@ -207,13 +207,13 @@ class JobRepository(Generic[M]):
                 ).all()
                 by_key.update({(job.queue, job.dedupe_key): job for job in existing})
             for i in indexes:
-                job = by_key.get((rows[i]["queue"], rows[i]["dedupe_key"]))
-                if job is None:
+                found = by_key.get((rows[i]["queue"], rows[i]["dedupe_key"]))
+                if found is None:
                     # The live holder finished between our INSERT and SELECT;
                     # the key is free again, so this row goes in after all.
-                    job = self.enqueue_many(session, [_respec(rows[i])])[0]
-                    by_key[(job.queue, job.dedupe_key)] = job
-                result[i] = job
+                    found = self.enqueue_many(session, [_respec(rows[i])])[0]
+                    by_key[(found.queue, found.dedupe_key)] = found
+                result[i] = found
         return [job for job in result if job is not None]
 
     # -- claim and the fenced verbs --------------------------------------
@@ -334,7 +334,7 @@ class JobRepository(Generic[M]):
     def stats(self, session: Session) -> list[QueueStats]:
         """Job counts per queue and status, with the oldest runnable job's age."""
         rows = session.execute(statements.stats(self.model)).all()
-        return [QueueStats(r.queue, r.status, int(r.count), r.oldest_runnable_age) for r in rows]
+        return [QueueStats(r.queue, r.status, int(r[2]), r.oldest_runnable_age) for r in rows]
 
 
 def _respec(row: dict[str, Any]) -> JobSpec:

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import (
     ARRAY,
+    ColumnElement,
     Delete,
     Interval,
     Select,
@@ -40,8 +41,8 @@ from sqlalchemy.types import Boolean, DateTime, Uuid
 
 from .mixin import CANCELLED, DEAD, DEDUPE_PREDICATE, DONE, PENDING, RUNNING
 
-_PENDING = literal_column(f"'{PENDING}'")
-_RUNNING = literal_column(f"'{RUNNING}'")
+_PENDING: ColumnElement[str] = literal_column(f"'{PENDING}'")
+_RUNNING: ColumnElement[str] = literal_column(f"'{RUNNING}'")
 
 # Columns a claim, a fail or a reap clears: the job is no longer owned.
 def _released() -> dict[str, Any]:

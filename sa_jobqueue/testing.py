@@ -42,7 +42,7 @@ def embedded_postgres() -> Iterator[URL]:
         ) from exc
     # A short path: a Unix socket path must stay under ~100 bytes.
     pgdata = Path(tempfile.mkdtemp(prefix="sajq-pg-"))
-    server: Any = embedded.get_server(pgdata, cleanup_mode="delete")
+    server: Any = embedded.get_server(pgdata, cleanup_mode="delete")  # type: ignore[attr-defined]
     try:
         yield psycopg_url(server.get_uri())
     finally:

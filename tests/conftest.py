@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 
+import jobapp
 import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, text
@@ -20,8 +21,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobqueue.testing import embedded_postgres
 from sa_jobqueue.urls import psycopg_url
-
-import jobapp
 
 
 def _libpq(url: URL) -> str:

@@ -20,11 +20,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from alembic.config import Config
 from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.engine import URL
 
 from alembic import command
-from alembic.config import Config
 from sa_jobqueue import InvalidArgumentError
 from sa_jobqueue.default import Base as DefaultBase
 from sa_jobqueue.migrations import QUEUE_STORAGE, queue_storage

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import jobapp
 import pytest
 from sqlalchemy import Engine, Index, inspect, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from sa_jobqueue import JobMixin, JobRepository, JobTableError, job_table_args
-
-import jobapp
 
 
 def test_two_job_tables_and_user_columns_on_one_base(engine: Engine) -> None:

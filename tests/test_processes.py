@@ -15,12 +15,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from jobapp import Ledger, TaskJob, jobs
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobqueue import JobSpec
-
-from jobapp import Ledger, TaskJob, jobs
 
 pytestmark = pytest.mark.slow
 APP = str(Path(__file__).with_name("jobapp.py"))

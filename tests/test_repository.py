@@ -7,14 +7,13 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from jobapp import EmailJob, Ledger, ReportJob, TaskJob, User, emails, jobs, reports, tasks
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobqueue import InvalidArgumentError, JobLostError, JobSpec, RetryPolicy
 from sa_jobqueue.statements import claim as claim_statement
 from sa_jobqueue.testing import run_jobs
-
-from jobapp import EmailJob, Ledger, ReportJob, TaskJob, User, emails, jobs, reports, tasks
 
 LEASE = timedelta(seconds=60)
 

@@ -7,12 +7,11 @@ import time
 from datetime import timedelta
 
 import pytest
+from jobapp import Ledger, TaskJob, jobs, tasks
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobqueue import InvalidArgumentError, JobSpec, TaskRegistry, Worker
-
-from jobapp import Ledger, TaskJob, jobs, tasks
 
 MODES = ["lease", "transaction"]
 
