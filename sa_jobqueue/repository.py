@@ -311,7 +311,11 @@ class JobRepository(Generic[M]):
         return session.execute(self._cancel, {"job_id": job_id}, execution_options=_NO_SYNC).first() is not None
 
     def retry(self, session: Session, job_id: int) -> bool:
-        """Send a dead or cancelled job back to pending now; False if it is neither."""
+        """Send a dead or cancelled job back to pending now.
+
+        Return False if the job is neither dead nor cancelled, or if another
+        live job of its queue holds its dedupe key (retrying would duplicate it).
+        """
         return session.execute(self._retry, {"job_id": job_id}, execution_options=_NO_SYNC).first() is not None
 
     def purge(

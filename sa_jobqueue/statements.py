@@ -37,6 +37,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import Insert, insert
+from sqlalchemy.orm import aliased
 from sqlalchemy.types import Boolean, DateTime, Uuid
 
 from .mixin import CANCELLED, DEAD, DEDUPE_PREDICATE, DONE, PENDING, RUNNING
@@ -239,11 +240,23 @@ def retry(model: Any) -> Update:
     """Send a dead or cancelled job back to pending, runnable now.
 
     Attempts are kept (history); ``max_attempts`` grows by one when needed so
-    that the job gets at least one more attempt. Parameter: ``job_id``.
+    that the job gets at least one more attempt. A job whose dedupe key is
+    held by another live job stays as it is (the statement matches no row).
+    Parameter: ``job_id``.
     """
+    holder = aliased(model)
+    key_taken = (
+        select(holder.id)
+        .where(
+            holder.queue == model.queue,
+            holder.dedupe_key == model.dedupe_key,
+            holder.status.in_((PENDING, RUNNING)),
+        )
+        .exists()
+    )
     return (
         update(model)
-        .where(model.id == bindparam("job_id"), model.status.in_((DEAD, CANCELLED)))
+        .where(model.id == bindparam("job_id"), model.status.in_((DEAD, CANCELLED)), ~key_taken)
         .values(
             status=PENDING,
             run_at=func.now(),

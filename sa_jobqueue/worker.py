@@ -116,6 +116,7 @@ class Worker:
         self.result = WorkerResult()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
+        self._turn = 0
         # Running jobs by future, for heartbeats (lease mode).
         self._running: dict[Future[Any], tuple[JobRepository[Any], Any]] = {}
 
@@ -221,7 +222,7 @@ class Worker:
         claimed: list[tuple[JobRepository[Any], Any]] = []
         try:
             with self._session() as session:
-                for repo in self.repositories:
+                for repo in self._rotation():
                     if free <= 0:
                         break
                     with session.begin():
@@ -238,6 +239,14 @@ class Worker:
             log.exception("worker %s: claim failed; retrying after a pause", self.name)
             self._stopping.wait(self.poll_interval)
         return claimed
+
+    def _rotation(self) -> list[JobRepository[Any]]:
+        """The repositories, starting one further each call, so that a busy
+        first table cannot starve the others."""
+        with self._lock:
+            self._turn = (self._turn + 1) % len(self.repositories)
+            turn = self._turn
+        return self.repositories[turn:] + self.repositories[:turn]
 
     def _heartbeat(self) -> None:
         with self._lock:
@@ -301,7 +310,7 @@ class Worker:
                 log.warning("worker %s: %s; the handler's writes were rolled back", self.name, exc)
                 self._count("lost")
                 return True
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit from a handler is a failure too
                 failure: BaseException = exc
             assert task is not None
             try:
@@ -316,7 +325,7 @@ class Worker:
     def _run_in_transaction(self) -> bool:
         with self._session() as session, session.begin():
             session.connection(execution_options=_READ_COMMITTED)
-            for repo in self.repositories:
+            for repo in self._rotation():
                 jobs = repo.claim(session, queues=self.queues, limit=1, worker=self.name, lease=self.lease)
                 if jobs:
                     break
@@ -331,7 +340,7 @@ class Worker:
             try:
                 task(job, session)
                 savepoint.commit()
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit from a handler is a failure too
                 savepoint.rollback()
                 self._fail(session, repo, job, task, exc)
                 return True

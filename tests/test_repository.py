@@ -386,6 +386,17 @@ def test_cancel_only_pending_and_retry_dead(sessions: sessionmaker[Session]) -> 
         assert again.id == running.id and again.attempts == 2 and again.max_attempts >= 2
 
 
+def test_retry_does_not_duplicate_a_dedupe_key_held_by_a_live_job(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        cancelled = jobs.enqueue(session, "noop", dedupe_key="nightly")
+        assert jobs.cancel(session, cancelled.id)
+        live = jobs.enqueue(session, "noop", dedupe_key="nightly")
+        assert live.id != cancelled.id
+        assert jobs.retry(session, cancelled.id) is False
+        assert jobs.cancel(session, live.id)
+        assert jobs.retry(session, cancelled.id) is True
+
+
 def test_stats_per_queue_and_status_with_oldest_runnable_age(sessions: sessionmaker[Session]) -> None:
     with sessions.begin() as session:
         jobs.enqueue(session, "noop", queue="a", run_at=datetime.now(timezone.utc) - timedelta(minutes=5))
