@@ -176,8 +176,9 @@ def fresh_database(server_url: URL) -> Iterator[URL]:
 
 def migrate(connection: Connection) -> None:
     """``alembic upgrade head`` with the project's alembic.ini, on ``connection``."""
-    from alembic import command
     from alembic.config import Config
+
+    from alembic import command
 
     ini = ROOT / "alembic.ini"
     if not ini.exists():
@@ -291,7 +292,9 @@ def queue_counts(session: Session) -> dict[str, dict[str, int]]:
     return counts
 
 
-def drain(engine: Engine, url: URL, per_queue: dict[str, int], args: argparse.Namespace) -> tuple[float, list[dict[str, int]]]:
+def drain(
+    engine: Engine, url: URL, per_queue: dict[str, int], args: argparse.Namespace
+) -> tuple[float, list[dict[str, int]]]:
     """Run the worker processes until the queues are empty; show progress.
     Return the drain's wall time (from ``go``) and the workers' results."""
     from tqdm import tqdm
@@ -383,7 +386,8 @@ def main(args: argparse.Namespace) -> int:
     print()
     print("sa_jobqueue demo: summary")
     print(f"  PostgreSQL     {version}, {origin}")
-    print(f"  enqueued       {len(ids):,} jobs ({queues}) in {transactions} transaction{'s' if transactions != 1 else ''}, "
+    plural = "s" if transactions != 1 else ""
+    print(f"  enqueued       {len(ids):,} jobs ({queues}) in {transactions} transaction{plural}, "
           f"{enqueue_seconds:.1f} s ({len(ids) / enqueue_seconds:,.0f} jobs/s)")
     print(f"  drained        {args.processes} worker processes x concurrency {args.concurrency}: "
           f"{total['completed']:,} jobs in {seconds:.1f} s = {total['completed'] / seconds:,.0f} jobs/s")
