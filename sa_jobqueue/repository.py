@@ -20,7 +20,7 @@ import os
 import socket
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -298,10 +298,19 @@ class JobRepository(Generic[M]):
 
     # -- housekeeping ----------------------------------------------------
 
-    def reap(self, session: Session, *, limit: int = 1000) -> ReapResult:
+    def reap(
+        self, session: Session, *, limit: int = 1000, task_max_attempts: Mapping[str, int] | None = None
+    ) -> ReapResult:
         """Send running jobs whose lease expired back to pending, or to dead
-        when their attempts are exhausted. Safe to run from many workers."""
-        params = {"limit": _positive("limit", limit)}
+        when their attempts are exhausted. Safe to run from many workers.
+
+        ``task_max_attempts`` (task name to limit) overrides the row's
+        ``max_attempts`` for those tasks, as a task's own limit does on failure.
+        """
+        limits = dict(task_max_attempts or {})
+        for name, value in limits.items():
+            _positive(f"task_max_attempts[{name!r}]", value)
+        params = {"limit": _positive("limit", limit), "task_limits": limits}
         rows = session.execute(self._reap, params, execution_options=_NO_SYNC).all()
         dead = sum(1 for row in rows if row.status == DEAD)
         return ReapResult(requeued=len(rows) - dead, dead=dead)

@@ -20,6 +20,7 @@ from sqlalchemy import (
     ARRAY,
     ColumnElement,
     Delete,
+    Integer,
     Interval,
     Select,
     String,
@@ -28,6 +29,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     case,
+    cast,
     delete,
     func,
     literal_column,
@@ -36,7 +38,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql import Insert, insert
+from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
 from sqlalchemy.orm import aliased
 from sqlalchemy.types import Boolean, DateTime, Uuid
 
@@ -198,7 +200,9 @@ def reap(model: Any) -> Update:
     The expired rows are locked with SKIP LOCKED in a CTE, so several workers
     may reap at once: each row is reaped by one of them, and a job whose
     worker is finishing it right now (row locked) is left alone.
-    Parameter: ``limit``.
+    Parameters: ``limit``, and ``task_limits``: a JSON object of task name to
+    max attempts that overrides the row's ``max_attempts`` (a worker passes
+    its tasks' own limits, so a crash-looping job dies by its task's rule).
     """
     expired = (
         select(model.id)
@@ -208,7 +212,8 @@ def reap(model: Any) -> Update:
         .with_for_update(skip_locked=True)
         .cte("expired")
     )
-    dead = model.attempts >= model.max_attempts
+    task_limit = bindparam("task_limits", type_=JSONB()).op("->>")(model.task)
+    dead = model.attempts >= func.coalesce(cast(task_limit, Integer()), model.max_attempts)
     return (
         update(model)
         .where(model.id == expired.c.id)

@@ -114,11 +114,14 @@ class Worker:
         self.poll_interval = poll_interval
         self.name = name or default_worker_name()
         self.result = WorkerResult()
+        self._task_limits = {t.name: t.max_attempts for t in tasks if t.max_attempts is not None}
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._turn = 0
-        # Running jobs by future, for heartbeats (lease mode).
-        self._running: dict[Future[Any], tuple[JobRepository[Any], Any]] = {}
+        # Jobs whose lease this worker extends, by lock token (lease mode). A
+        # job leaves before its finishing statement, so a heartbeat never
+        # mistakes a job completed a moment ago for a lost one.
+        self._running: dict[Any, tuple[JobRepository[Any], Any]] = {}
 
     # -- public ----------------------------------------------------------
 
@@ -158,10 +161,9 @@ class Worker:
             if self.mode == "lease":
                 claimed = self._claim(free) if free > 0 else []
                 for repo, job in claimed:
-                    future = pool.submit(self._run_leased, repo, job)
                     with self._lock:
-                        self._running[future] = (repo, job)
-                    inflight.add(future)
+                        self._running[job.lock_token] = (repo, job)
+                    inflight.add(pool.submit(self._run_leased, repo, job))
                 if free > 0:
                     found = bool(claimed)
             else:
@@ -201,8 +203,6 @@ class Worker:
         ran = empty = 0
         for future in done:
             inflight.discard(future)
-            with self._lock:
-                self._running.pop(future, None)
             try:
                 if future.result():
                     ran += 1
@@ -259,18 +259,28 @@ class Worker:
                 with self._session() as session, session.begin():
                     session.connection(execution_options=_READ_COMMITTED)
                     owned = repo.heartbeat(session, jobs, lease=self.lease)
-                for job in jobs:
-                    if job.id not in owned:
-                        log.warning("worker %s: lost the lease of job %s", self.name, job.id)
             except Exception:
                 log.exception("worker %s: heartbeat failed", self.name)
+                continue
+            with self._lock:
+                lost = [job for job in jobs if job.id not in owned and job.lock_token in self._running]
+            for job in lost:
+                log.warning(
+                    "worker %s: lost the lease of job %s (%s); its completion will be refused",
+                    self.name, job.id, job.task,
+                )
+
+    def _finishing(self, job: Any) -> None:
+        """Stop extending the lease of ``job``: its finishing statement follows."""
+        with self._lock:
+            self._running.pop(job.lock_token, None)
 
     def _reap(self) -> None:
         for repo in self.repositories:
             try:
                 with self._session() as session, session.begin():
                     session.connection(execution_options=_READ_COMMITTED)
-                    reaped = repo.reap(session)
+                    reaped = repo.reap(session, task_max_attempts=self._task_limits)
                 if reaped.requeued or reaped.dead:
                     log.warning(
                         "worker %s: reaped %s expired job(s) of %s: %s back to pending, %s dead",
@@ -294,15 +304,23 @@ class Worker:
                 self.result.retried += 1
 
     def _run_leased(self, repo: JobRepository[Any], job: Any) -> bool:
+        try:
+            return self._run_leased_job(repo, job)
+        finally:
+            self._finishing(job)
+
+    def _run_leased_job(self, repo: JobRepository[Any], job: Any) -> bool:
         task = self.tasks.get(job.task)
         with self._session() as session:
             try:
                 with session.begin():
                     session.connection(execution_options=_READ_COMMITTED)
                     if task is None:
+                        self._finishing(job)
                         self._fail_unknown(session, repo, job)
                         return True
                     task(job, session)
+                    self._finishing(job)
                     repo.complete(session, job)
                 self._count("completed")
                 return True
@@ -313,6 +331,7 @@ class Worker:
             except BaseException as exc:  # SystemExit from a handler is a failure too
                 failure: BaseException = exc
             assert task is not None
+            self._finishing(job)
             try:
                 with session.begin():
                     session.connection(execution_options=_READ_COMMITTED)

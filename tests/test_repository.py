@@ -11,7 +11,7 @@ from jobapp import EmailJob, Ledger, ReportJob, TaskJob, User, emails, jobs, rep
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from sa_jobqueue import InvalidArgumentError, JobLostError, JobSpec, RetryPolicy
+from sa_jobqueue import InvalidArgumentError, JobLostError, JobSpec, ReapResult, RetryPolicy
 from sa_jobqueue.statements import claim as claim_statement
 from sa_jobqueue.testing import run_jobs
 
@@ -361,7 +361,24 @@ def test_reap_requeues_or_kills_expired_leases_only(sessions: sessionmaker[Sessi
     assert by_n[2].status == "dead" and by_n[2].attempts == 1
     assert by_n[3].status == "running" and long.id == by_n[3].id and len(short) == 2
     with sessions.begin() as session:
-        assert jobs.reap(session) .requeued == 0
+        assert jobs.reap(session).requeued == 0
+
+
+def test_reap_applies_a_tasks_own_max_attempts(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        strict = jobs.enqueue(session, "strict")
+        lenient = jobs.enqueue(session, "lenient")
+    with sessions.begin() as session:
+        jobs.claim(session, limit=2, lease=timedelta(milliseconds=50))
+    time.sleep(0.1)
+    with sessions.begin() as session:
+        with pytest.raises(InvalidArgumentError):
+            jobs.reap(session, task_max_attempts={"strict": 0})
+    with sessions.begin() as session:
+        assert jobs.reap(session, task_max_attempts={"strict": 1}) == ReapResult(requeued=1, dead=1)
+    with sessions() as session:
+        assert session.get(TaskJob, strict.id).status == "dead"  # type: ignore[union-attr]
+        assert session.get(TaskJob, lenient.id).status == "pending"  # type: ignore[union-attr]
 
 
 def test_cancel_only_pending_and_retry_dead(sessions: sessionmaker[Session]) -> None:
