@@ -36,7 +36,15 @@ from typing import TypeAlias
 from alembic import op
 
 from .errors import InvalidArgumentError
-from .mixin import claim_index_name, dedupe_index_name, lease_index_name
+from .mixin import (
+    MAX_IDENTIFIER_BYTES,
+    MAX_TABLE_NAME_BYTES,
+    claim_index_name,
+    dedupe_index_name,
+    lease_index_name,
+    max_attempts_check_name,
+    status_check_name,
+)
 
 StorageValue: TypeAlias = int | float | bool | str
 
@@ -71,10 +79,6 @@ Later versions may tune these values; a revision that must always produce the
 same settings should spell each value out as a keyword argument.
 """
 
-# PostgreSQL truncates identifiers longer than this many bytes.
-MAX_IDENTIFIER_BYTES = 63
-# The longest name derived from a table name: ck_<table>_max_attempts_v1.
-_LONGEST_DERIVED_SUFFIX = len("ck__max_attempts_v1")
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _PARAMETER = re.compile(r"(toast\.)?[a-z_][a-z0-9_]*\Z")
@@ -185,8 +189,8 @@ def derived_names(table_name: str) -> dict[str, tuple[str, ...]]:
             dedupe_index_name(table_name),
         ),
         "constraints": (
-            f"ck_{table_name}_status_v1",
-            f"ck_{table_name}_max_attempts_v1",
+            status_check_name(table_name),
+            max_attempts_check_name(table_name),
         ),
         "default_names": (f"{table_name}_pkey", f"{table_name}_id_seq"),
     }
@@ -218,13 +222,12 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
     schema = _check_schema(schema)
     if old == new:
         raise InvalidArgumentError("new", f"is the same name as old ({old!r})")
-    longest = len(new.encode()) + _LONGEST_DERIVED_SUFFIX
-    if longest > MAX_IDENTIFIER_BYTES:
+    if len(new.encode()) > MAX_TABLE_NAME_BYTES:
         raise InvalidArgumentError(
             "new",
             f"{new!r} is too long: ck_{new}_max_attempts_v1 would exceed "
             f"PostgreSQL's {MAX_IDENTIFIER_BYTES} bytes (keep table names to "
-            f"{MAX_IDENTIFIER_BYTES - _LONGEST_DERIVED_SUFFIX} bytes)",
+            f"{MAX_TABLE_NAME_BYTES} bytes)",
         )
     before, after = derived_names(old), derived_names(new)
 

@@ -56,6 +56,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column
 from sqlalchemy.sql.naming import conv
 
+from .errors import JobTableError
+
 PENDING = "pending"
 RUNNING = "running"
 DONE = "done"
@@ -95,17 +97,37 @@ def dedupe_index_name(table_name: str) -> str:
     return f"uq_{table_name}_dedupe_v1"
 
 
+def status_check_name(table_name: str) -> str:
+    return f"ck_{table_name}_status_v1"
+
+
+def max_attempts_check_name(table_name: str) -> str:
+    return f"ck_{table_name}_max_attempts_v1"
+
+
+# PostgreSQL truncates longer identifiers silently, so two derived names
+# could collide; the longest derived name must fit.
+MAX_IDENTIFIER_BYTES = 63
+MAX_TABLE_NAME_BYTES = MAX_IDENTIFIER_BYTES - len(max_attempts_check_name("").encode())
+
+
 def job_table_args(table_name: str) -> tuple[Any, ...]:
     """The indexes and checks every job table needs, named after ``table_name``.
 
     ``conv()`` marks each name as final, so a naming convention on the user's
-    MetaData does not rename them.
+    MetaData does not rename them. Raises :class:`JobTableError` when the
+    table name is too long for the names derived from it to fit PostgreSQL's
+    63-byte identifiers.
     """
+    if len(table_name.encode()) > MAX_TABLE_NAME_BYTES:
+        raise JobTableError(
+            f"__tablename__: {table_name!r} is too long for a job table; names derived from it "
+            f"(such as {max_attempts_check_name(table_name)!r}) must fit PostgreSQL's "
+            f"{MAX_IDENTIFIER_BYTES} bytes, so keep it to {MAX_TABLE_NAME_BYTES} bytes"
+        )
     return (
-        CheckConstraint(
-            f"status IN ({_sql_list(STATUSES)})", name=conv(f"ck_{table_name}_status_v1")
-        ),
-        CheckConstraint("max_attempts >= 1", name=conv(f"ck_{table_name}_max_attempts_v1")),
+        CheckConstraint(f"status IN ({_sql_list(STATUSES)})", name=conv(status_check_name(table_name))),
+        CheckConstraint("max_attempts >= 1", name=conv(max_attempts_check_name(table_name))),
         Index(
             conv(claim_index_name(table_name)),
             "priority",

@@ -103,3 +103,18 @@ def test_table_args_that_keep_the_job_ones_are_accepted() -> None:
 def test_unknown_models_are_refused(model: object) -> None:
     with pytest.raises(JobTableError, match="model"):
         JobRepository(model)  # type: ignore[arg-type]
+
+
+def test_a_table_name_too_long_for_its_derived_names_is_refused() -> None:
+    class OtherBase(DeclarativeBase):
+        pass
+
+    with pytest.raises(JobTableError, match="__tablename__.*44 bytes"):
+
+        class TooLong(JobMixin, OtherBase):
+            __tablename__ = "j" * 45
+
+    class JustFits(JobMixin, OtherBase):
+        __tablename__ = "j" * 44
+
+    assert max(len(i.name) for i in JustFits.__table__.indexes) <= 63
