@@ -369,6 +369,24 @@ def test_reap_requeues_or_kills_expired_leases_only(sessions: sessionmaker[Sessi
         assert jobs.reap(session).requeued == 0
 
 
+def test_concurrent_reapers_reap_each_job_once(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("noop") for _ in range(6)])
+    with sessions.begin() as session:
+        jobs.claim(session, limit=6, lease=timedelta(milliseconds=50))
+    time.sleep(0.1)
+    first = sessions()
+    first.begin()
+    taken = jobs.reap(first, limit=4)  # uncommitted: these rows stay locked
+    with sessions.begin() as second:
+        rest = jobs.reap(second)
+    first.commit()
+    first.close()
+    assert (taken.requeued, rest.requeued) == (4, 2)
+    with sessions() as session:
+        assert _count(session, TaskJob, status="pending") == 6
+
+
 def test_reap_applies_a_tasks_own_max_attempts(sessions: sessionmaker[Session]) -> None:
     with sessions.begin() as session:
         strict = jobs.enqueue(session, "strict")
