@@ -151,19 +151,22 @@ def test_a_job_that_kills_its_worker_every_time_ends_dead(
     with sessions.begin() as session:
         job = jobs.enqueue(session, "kill_worker", max_attempts=2)
     deaths = 0
-    deadline = time.monotonic() + 90
-    while _count(sessions, TaskJob, TaskJob.status == "dead") == 0:
+    deadline = time.monotonic() + 120
+
+    def dead() -> bool:
+        return _count(sessions, TaskJob, TaskJob.status == "dead") == 1
+
+    while not dead():
         assert time.monotonic() < deadline, "the job never went dead"
         worker = spawn("work", libpq_url, "--mode", "lease", "--concurrency", "1", "--lease", "1")
-        try:
-            worker.wait(timeout=5)
-            deaths += worker.returncode == -signal.SIGKILL
-        except subprocess.TimeoutExpired:
-            # Still alive: it reaped the job into dead (or is waiting for the lease).
-            _wait_for(lambda: _count(sessions, TaskJob, TaskJob.status == "dead") == 1, 10, "dead")
+        _wait_for(lambda: worker.poll() is not None or dead(), 60, "the worker to die or the job to go dead")
+        if worker.poll() is None:
+            # This worker reaped the job into dead and lives on: stop it.
             worker.send_signal(signal.SIGTERM)
             worker.communicate(timeout=30)
             assert worker.returncode == 0
+        else:
+            deaths += worker.returncode == -signal.SIGKILL
     assert deaths == 2
     with sessions() as session:
         row = session.get(TaskJob, job.id)

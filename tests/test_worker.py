@@ -74,9 +74,9 @@ def test_handler_asks_for_a_retry_later(engine: Engine, sessions: sessionmaker[S
 
 def test_heartbeats_keep_a_slow_job_from_being_reaped(engine: Engine, sessions: sessionmaker[Session]) -> None:
     with sessions.begin() as session:
-        job = jobs.enqueue(session, "slow", {"seconds": 2.5})
-    # The lease is far shorter than the job; the worker reaps every 0.5 s.
-    result = _worker(engine, "lease", lease=timedelta(seconds=1)).run(until_empty=True)
+        job = jobs.enqueue(session, "slow", {"seconds": 5})
+    # The lease is far shorter than the job; the worker reaps every second.
+    result = _worker(engine, "lease", lease=timedelta(seconds=2)).run(until_empty=True)
     assert (result.completed, result.lost) == (1, 0)
     with sessions() as session:
         assert [tuple(r) for r in session.execute(select(Ledger.job_id, Ledger.note))] == [(job.id, "attempt 1")]
