@@ -2,8 +2,10 @@
 
 Nothing here runs anything: :mod:`sa_jobqueue.repository` executes these on
 a session it is given, and the tests compile them to check their shape. Each
-function takes the mapped job model and returns an ORM-enabled statement, so
-``RETURNING model`` yields instances of the user's own class.
+function takes the mapped job model. The statements that hand jobs to the
+caller (insert, claim) are ORM-enabled, so ``RETURNING model`` yields
+instances of the user's own class; the others are Core statements on the
+table, which skip the ORM's bulk-DML bookkeeping on the worker's hot path.
 
 Literal status values (not bound parameters) appear wherever a partial index
 must match: a generic plan of a prepared statement cannot prove that
@@ -24,6 +26,7 @@ from sqlalchemy import (
     Interval,
     Select,
     String,
+    Table,
     Update,
     and_,
     any_,
@@ -39,7 +42,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
-from sqlalchemy.orm import aliased
 from sqlalchemy.types import Boolean, DateTime, Uuid
 
 from .mixin import CANCELLED, DEAD, DEDUPE_PREDICATE, DONE, PENDING, RUNNING
@@ -123,25 +125,26 @@ def claim(model: Any) -> Update:
     )
 
 
-def _owned(model: Any) -> Any:
+def _owned(t: Table) -> Any:
     """The fence: the row is still running under the caller's claim
     (parameters ``job_id`` and ``token``)."""
     return and_(
-        model.id == bindparam("job_id"),
-        model.lock_token == bindparam("token", type_=Uuid()),
-        model.status == _RUNNING,
+        t.c.id == bindparam("job_id"),
+        t.c.lock_token == bindparam("token", type_=Uuid()),
+        t.c.status == _RUNNING,
     )
 
 
 def complete(model: Any, *, keep_done: bool) -> Update | Delete:
     """Finish a claimed job: delete it, or keep it as ``done``. Fenced."""
+    t: Table = model.__table__
     if not keep_done:
-        return delete(model).where(_owned(model)).returning(model.id)
+        return delete(t).where(_owned(t)).returning(t.c.id)
     return (
-        update(model)
-        .where(_owned(model))
+        update(t)
+        .where(_owned(t))
         .values(status=DONE, finished_at=func.now(), lease_expires_at=None, lock_token=None)
-        .returning(model.id)
+        .returning(t.c.id)
     )
 
 
@@ -154,16 +157,17 @@ def fail(model: Any) -> Update:
     Parameters: ``job_id``, ``token``, ``error``, ``delay``, ``at``,
     ``attempts_limit`` (or None), ``discard``.
     """
-    limit = func.coalesce(bindparam("attempts_limit", type_=model.attempts.type),
-                          model.max_attempts)
-    dead = or_(bindparam("discard", type_=Boolean()), model.attempts >= limit)
+    t: Table = model.__table__
+    limit = func.coalesce(bindparam("attempts_limit", type_=t.c.attempts.type),
+                          t.c.max_attempts)
+    dead = or_(bindparam("discard", type_=Boolean()), t.c.attempts >= limit)
     return (
-        update(model)
-        .where(_owned(model))
+        update(t)
+        .where(_owned(t))
         .values(
             status=case((dead, DEAD), else_=PENDING),
             run_at=case(
-                (dead, model.run_at),
+                (dead, t.c.run_at),
                 else_=func.coalesce(
                     bindparam("at", type_=DateTime(timezone=True)),
                     func.now() + bindparam("delay", type_=Interval()),
@@ -173,7 +177,7 @@ def fail(model: Any) -> Update:
             last_error=bindparam("error"),
             **_released(),
         )
-        .returning(model.status, model.run_at)
+        .returning(t.c.status, t.c.run_at)
     )
 
 
@@ -182,15 +186,16 @@ def heartbeat(model: Any) -> Update:
 
     Parameters: ``ids``, ``tokens`` (lists), ``lease``.
     """
+    t: Table = model.__table__
     return (
-        update(model)
+        update(t)
         .where(
-            model.id == any_(bindparam("ids", type_=ARRAY(model.id.type))),
-            model.lock_token == any_(bindparam("tokens", type_=ARRAY(Uuid()))),
-            model.status == _RUNNING,
+            t.c.id == any_(bindparam("ids", type_=ARRAY(t.c.id.type))),
+            t.c.lock_token == any_(bindparam("tokens", type_=ARRAY(Uuid()))),
+            t.c.status == _RUNNING,
         )
         .values(lease_expires_at=func.now() + bindparam("lease", type_=Interval()))
-        .returning(model.id)
+        .returning(t.c.id)
     )
 
 
@@ -204,40 +209,42 @@ def reap(model: Any) -> Update:
     max attempts that overrides the row's ``max_attempts`` (a worker passes
     its tasks' own limits, so a crash-looping job dies by its task's rule).
     """
+    t: Table = model.__table__
     expired = (
-        select(model.id)
-        .where(model.status == _RUNNING, model.lease_expires_at < func.now())
-        .order_by(model.lease_expires_at)
+        select(t.c.id)
+        .where(t.c.status == _RUNNING, t.c.lease_expires_at < func.now())
+        .order_by(t.c.lease_expires_at)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
         .cte("expired")
     )
-    task_limit = bindparam("task_limits", type_=JSONB()).op("->>")(model.task)
-    dead = model.attempts >= func.coalesce(cast(task_limit, Integer()), model.max_attempts)
+    task_limit = bindparam("task_limits", type_=JSONB()).op("->>")(t.c.task)
+    dead = t.c.attempts >= func.coalesce(cast(task_limit, Integer()), t.c.max_attempts)
     return (
-        update(model)
-        .where(model.id == expired.c.id)
+        update(t)
+        .where(t.c.id == expired.c.id)
         .values(
             status=case((dead, DEAD), else_=PENDING),
-            run_at=case((dead, model.run_at), else_=func.now()),
+            run_at=case((dead, t.c.run_at), else_=func.now()),
             finished_at=case((dead, func.now()), else_=None),
             last_error=func.concat(
-                "lease expired at attempt ", model.attempts, " (worker ",
-                func.coalesce(model.locked_by, "unknown"), ")",
+                "lease expired at attempt ", t.c.attempts, " (worker ",
+                func.coalesce(t.c.locked_by, "unknown"), ")",
             ),
             **_released(),
         )
-        .returning(model.id, model.status)
+        .returning(t.c.id, t.c.status)
     )
 
 
 def cancel(model: Any) -> Update:
     """Cancel a job that is still pending (parameter ``job_id``)."""
+    t: Table = model.__table__
     return (
-        update(model)
-        .where(model.id == bindparam("job_id"), model.status == _PENDING)
+        update(t)
+        .where(t.c.id == bindparam("job_id"), t.c.status == _PENDING)
         .values(status=CANCELLED, finished_at=func.now())
-        .returning(model.id)
+        .returning(t.c.id)
     )
 
 
@@ -249,53 +256,56 @@ def retry(model: Any) -> Update:
     held by another live job stays as it is (the statement matches no row).
     Parameter: ``job_id``.
     """
-    holder = aliased(model)
+    t: Table = model.__table__
+    holder = t.alias("holder")
     key_taken = (
-        select(holder.id)
+        select(holder.c.id)
         .where(
-            holder.queue == model.queue,
-            holder.dedupe_key == model.dedupe_key,
-            holder.status.in_((PENDING, RUNNING)),
+            holder.c.queue == t.c.queue,
+            holder.c.dedupe_key == t.c.dedupe_key,
+            holder.c.status.in_((PENDING, RUNNING)),
         )
         .exists()
     )
     return (
-        update(model)
-        .where(model.id == bindparam("job_id"), model.status.in_((DEAD, CANCELLED)), ~key_taken)
+        update(t)
+        .where(t.c.id == bindparam("job_id"), t.c.status.in_((DEAD, CANCELLED)), ~key_taken)
         .values(
             status=PENDING,
             run_at=func.now(),
             finished_at=None,
-            max_attempts=func.greatest(model.max_attempts, model.attempts + 1),
+            max_attempts=func.greatest(t.c.max_attempts, t.c.attempts + 1),
         )
-        .returning(model.id)
+        .returning(t.c.id)
     )
 
 
 def purge(model: Any, *, statuses: Sequence[str], older_than: timedelta, limit: int) -> Delete:
     """Delete up to ``limit`` finished jobs older than ``older_than``, in one bounded batch."""
+    t: Table = model.__table__
     batch = (
-        select(model.id)
+        select(t.c.id)
         .where(
-            model.status.in_(list(statuses)),
-            model.finished_at < func.now() - bindparam("older_than", older_than, type_=Interval()),
+            t.c.status.in_(list(statuses)),
+            t.c.finished_at < func.now() - bindparam("older_than", older_than, type_=Interval()),
         )
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
-    return delete(model).where(model.id == any_(func.array(batch.scalar_subquery())))
+    return delete(t).where(t.c.id == any_(func.array(batch.scalar_subquery())))
 
 
 def stats(model: Any) -> Select[Any]:
     """Jobs per queue and status, with the age of the oldest runnable job."""
-    runnable = and_(model.status == PENDING, model.run_at <= func.now())
+    t: Table = model.__table__
+    runnable = and_(t.c.status == PENDING, t.c.run_at <= func.now())
     return (
         select(
-            model.queue,
-            model.status,
+            t.c.queue,
+            t.c.status,
             func.count().label("count"),
-            func.max(func.now() - model.run_at).filter(runnable).label("oldest_runnable_age"),
+            func.max(func.now() - t.c.run_at).filter(runnable).label("oldest_runnable_age"),
         )
-        .group_by(model.queue, model.status)
-        .order_by(model.queue, model.status)
+        .group_by(t.c.queue, t.c.status)
+        .order_by(t.c.queue, t.c.status)
     )

@@ -320,6 +320,9 @@ class Worker:
                         self._fail_unknown(session, repo, job)
                         return True
                     task(job, session)
+                    # The handler's pending writes go first, so that their
+                    # errors count as the handler's failure.
+                    session.flush()
                     self._finishing(job)
                     repo.complete(session, job)
                 self._count("completed")
@@ -358,7 +361,7 @@ class Worker:
             savepoint = session.begin_nested()
             try:
                 task(job, session)
-                savepoint.commit()
+                savepoint.commit()  # flushes the handler's writes inside the savepoint
             except BaseException as exc:  # SystemExit from a handler is a failure too
                 savepoint.rollback()
                 self._fail(session, repo, job, task, exc)
