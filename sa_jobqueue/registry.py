@@ -31,13 +31,21 @@ F = TypeVar("F", bound=Handler)
 @dataclass(frozen=True)
 class Task:
     """A registered handler. ``max_attempts``, when set, overrides the job
-    row's own limit when this task's attempt fails."""
+    row's own limit. ``batch_complete``: a handler that takes no session has
+    no writes to commit with its completion, so (in lease mode) its
+    completion is buffered and written with others in one statement; False
+    gives each such job a completion transaction of its own."""
 
     name: str
     handler: Handler
     takes_session: bool
     retry: RetryPolicy = DEFAULT_RETRY_POLICY
     max_attempts: int | None = None
+    batch_complete: bool = True
+
+    @property
+    def completes_in_batch(self) -> bool:
+        return self.batch_complete and not self.takes_session
 
     def __call__(self, job: Any, session: Any) -> Any:
         if self.takes_session:
@@ -68,6 +76,7 @@ class TaskRegistry:
         *,
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         max_attempts: int | None = None,
+        batch_complete: bool = True,
     ) -> Task:
         """Register ``handler`` for ``name``; a name can be registered once."""
         if not isinstance(name, str) or not name.strip() or len(name) > NAME_LENGTH:
@@ -81,7 +90,7 @@ class TaskRegistry:
             raise InvalidArgumentError("max_attempts", f"must be a positive integer, got {max_attempts!r}")
         if not isinstance(retry, RetryPolicy):
             raise InvalidArgumentError("retry", "must be a RetryPolicy")
-        task = Task(name, handler, _takes_session(handler), retry, max_attempts)
+        task = Task(name, handler, _takes_session(handler), retry, max_attempts, bool(batch_complete))
         self._tasks[name] = task
         return task
 
@@ -89,7 +98,12 @@ class TaskRegistry:
     def task(self, name: F) -> F: ...
     @overload
     def task(
-        self, name: str | None = None, *, retry: RetryPolicy = ..., max_attempts: int | None = ...
+        self,
+        name: str | None = None,
+        *,
+        retry: RetryPolicy = ...,
+        max_attempts: int | None = ...,
+        batch_complete: bool = ...,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -98,6 +112,7 @@ class TaskRegistry:
         *,
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         max_attempts: int | None = None,
+        batch_complete: bool = True,
     ) -> F | Callable[[F], F]:
         """Decorator form of :meth:`register`; the name defaults to the function's."""
         if callable(name):
@@ -105,7 +120,10 @@ class TaskRegistry:
             return name
 
         def decorate(handler: F) -> F:
-            self.register(name or handler.__name__, handler, retry=retry, max_attempts=max_attempts)
+            self.register(
+                name or handler.__name__, handler, retry=retry, max_attempts=max_attempts,
+                batch_complete=batch_complete,
+            )
             return handler
 
         return decorate

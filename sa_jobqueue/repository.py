@@ -22,7 +22,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import inspect as sa_inspect
@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from . import statements
 from .errors import InvalidArgumentError, JobLostError, JobTableError
+from .listener import channel_name
 from .mixin import (
     DEAD,
     DEFAULT_MAX_ATTEMPTS,
@@ -48,6 +49,8 @@ from .spec import JobSpec, check_aware, check_delay, to_row
 M = TypeVar("M", bound=JobMixin)
 
 _NO_SYNC = {"synchronize_session": False}
+# session.info key: (transaction, {(channel, queue)}) already notified in it.
+_NOTIFIED = "sa_jobqueue.notified"
 DEFAULT_LEASE = timedelta(seconds=60)
 
 
@@ -124,12 +127,19 @@ def _positive(parameter: str, value: object) -> int:
 class JobRepository(Generic[M]):
     """The queue verbs for one job model (one table, any number of queues)."""
 
-    def __init__(self, model: type[M]) -> None:
+    def __init__(self, model: type[M], *, notify: bool = True) -> None:
         """Raise :class:`JobTableError` unless ``model`` is a mapped JobMixin
-        model that still has its claim, lease and dedupe indexes."""
+        model that still has its claim, lease and dedupe indexes.
+
+        With ``notify`` (the default), enqueueing runnable jobs sends one
+        NOTIFY per transaction and queue on the table's channel, which wakes
+        listening workers at commit.
+        """
         table = _job_table_or_raise(model)
         self.model = model
         self.table = table
+        self.notify = notify
+        self.channel = channel_name(table.name)
         self.keep_done: bool = bool(getattr(model, "__keep_done__", False))
         job_columns = {name for name in JobMixin.__annotations__ if not name.startswith("__")}
         self._user_columns = frozenset(c.key for c in table.columns if c.key not in job_columns)
@@ -146,6 +156,8 @@ class JobRepository(Generic[M]):
             model, sort_by_parameter_order=True
         )
         self._insert_dedupe = statements.insert_jobs(model, dedupe=True).returning(model)
+        self._complete_many = statements.complete_many(model, keep_done=self.keep_done)
+        self._notify = statements.notify()
 
     def __repr__(self) -> str:
         return f"JobRepository({self.model.__name__})"
@@ -214,7 +226,31 @@ class JobRepository(Generic[M]):
                     found = self.enqueue_many(session, [_respec(rows[i])])[0]
                     by_key[(found.queue, found.dedupe_key)] = found
                 result[i] = found
+        if self.notify:
+            self._notify_once(session, rows)
         return [job for job in result if job is not None]
+
+    def _notify_once(self, session: Session, rows: list[dict[str, Any]]) -> None:
+        """NOTIFY the queues of runnable rows not yet notified in this transaction.
+
+        Future-scheduled jobs send nothing: polling picks them up on time.
+        """
+        now = datetime.now(timezone.utc)
+        queues = {
+            row["queue"] for row in rows
+            if not row["delay"] and (row["run_at"] is None or row["run_at"] <= now)
+        }
+        if not queues:
+            return
+        transaction = session.get_transaction()
+        seen: tuple[object, set[tuple[str, str]]] | None = session.info.get(_NOTIFIED)
+        if seen is None or seen[0] is not transaction:
+            seen = (transaction, set())
+            session.info[_NOTIFIED] = seen
+        fresh = sorted(q for q in queues if (self.channel, q) not in seen[1])
+        if fresh:
+            session.execute(self._notify, {"channel": self.channel, "queues": fresh})
+            seen[1].update((self.channel, q) for q in fresh)
 
     # -- claim and the fenced verbs --------------------------------------
 
@@ -252,6 +288,14 @@ class JobRepository(Generic[M]):
         params = {"job_id": job.id, "token": job.lock_token}
         if session.execute(self._complete, params, execution_options=_NO_SYNC).first() is None:
             raise JobLostError(job.id, "complete")
+
+    def complete_many(self, session: Session, jobs: Sequence[M]) -> set[int]:
+        """Finish many claimed jobs in one fenced statement; return the ids
+        finished. A job missing from the result was no longer owned."""
+        if not jobs:
+            return set()
+        params = {"ids": [j.id for j in jobs], "tokens": [j.lock_token for j in jobs]}
+        return set(session.scalars(self._complete_many, params, execution_options=_NO_SYNC).all())
 
     def fail(
         self,

@@ -27,6 +27,7 @@ from sqlalchemy import (
     Select,
     String,
     Table,
+    TextClause,
     Update,
     and_,
     any_,
@@ -293,6 +294,41 @@ def purge(model: Any, *, statuses: Sequence[str], older_than: timedelta, limit: 
         .with_for_update(skip_locked=True)
     )
     return delete(t).where(t.c.id == any_(func.array(batch.scalar_subquery())))
+
+
+def notify() -> TextClause:
+    """``pg_notify`` once per queue (parameters ``channel``, ``queues``).
+
+    NOTIFY is transactional: listeners hear it when the enqueueing
+    transaction commits, never if it rolls back.
+    """
+    return text("SELECT pg_notify(:channel, q) FROM unnest(CAST(:queues AS text[])) AS q").bindparams(
+        bindparam("queues", type_=ARRAY(String))
+    )
+
+
+def complete_many(model: Any, *, keep_done: bool) -> Update | Delete:
+    """Finish many claimed jobs in one statement; returns the ids it finished.
+
+    Fenced like :func:`complete`: a job whose ``lock_token`` changed (lease
+    expired, reaped, maybe claimed again) is left alone and missing from the
+    result. Parameters: ``ids`` and ``tokens`` (lists); lock tokens are unique
+    per claim, so ``lock_token = ANY(tokens)`` pins each row to its own claim.
+    """
+    t: Table = model.__table__
+    owned = and_(
+        t.c.id == any_(bindparam("ids", type_=ARRAY(t.c.id.type))),
+        t.c.lock_token == any_(bindparam("tokens", type_=ARRAY(Uuid()))),
+        t.c.status == _RUNNING,
+    )
+    if not keep_done:
+        return delete(t).where(owned).returning(t.c.id)
+    return (
+        update(t)
+        .where(owned)
+        .values(status=DONE, finished_at=func.now(), lease_expires_at=None, lock_token=None)
+        .returning(t.c.id)
+    )
 
 
 def stats(model: Any) -> Select[Any]:

@@ -8,16 +8,22 @@
 
 Two modes (see docs/concepts.md):
 
-* ``lease`` (default): the claim commits at once; each job then runs in its
-  own session and transaction, where the handler's writes and the fenced
-  completion commit together. The worker extends the leases of its running
-  jobs (heartbeat) and reaps expired leases of crashed workers.
-* ``transaction``: claim, handler and completion share one transaction that
-  holds the row lock; the handler runs in a SAVEPOINT so that its failure is
-  rolled back and still recorded.
+* ``lease`` (default): one statement claims up to the free capacity and
+  commits at once; each job then runs in its own session and transaction,
+  where the handler's writes and the fenced completion commit together. A
+  handler that takes no session has nothing to commit with its completion:
+  those completions are buffered and written in one statement per flush. The
+  worker extends the leases of its running jobs (heartbeat) and reaps expired
+  leases of crashed workers.
+* ``transaction``: each slot claims a batch in one transaction that holds the
+  row locks, runs each job in its own SAVEPOINT (a failure rolls back only its
+  job and is still recorded), completes the batch in one statement and
+  commits once.
 
-A worker with concurrency C uses at most C + 1 connections: one per running
-job and one for claims, heartbeats and reaping.
+Idle workers poll with backoff; with ``listen`` (the default) a listener
+connection wakes them when a job is enqueued. A worker with concurrency C
+uses at most C + 2 connections: one per slot, one for claims, heartbeats,
+reaping and batched completions, and one for the listener.
 """
 
 from __future__ import annotations
@@ -27,9 +33,8 @@ import random
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -37,16 +42,17 @@ from typing import Any, Literal
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import InvalidArgumentError, JobLostError, RetryJob
-from .mixin import DEAD
-from .registry import Task, TaskRegistry
+from .completions import CompletionBuffer
+from .errors import InvalidArgumentError
+from .execution import READ_COMMITTED, JobRunner
+from .listener import Listener
+from .registry import TaskRegistry
 from .repository import DEFAULT_LEASE, JobRepository, _queues, default_worker_name
 
 log = logging.getLogger("sa_jobqueue.worker")
 
 Mode = Literal["lease", "transaction"]
-_ERROR_LIMIT = 4000
-_READ_COMMITTED = {"isolation_level": "READ COMMITTED"}
+DEFAULT_TRANSACTION_BATCH = 10
 
 
 @dataclass
@@ -60,10 +66,10 @@ class WorkerResult:
     lost: int = 0
 
 
-def describe_error(exc: BaseException) -> str:
-    """The text kept in ``last_error``: the exception and the end of its traceback."""
-    text = "".join(traceback.format_exception(exc))
-    return text if len(text) <= _ERROR_LIMIT else "…" + text[-_ERROR_LIMIT:]
+def _positive_int(parameter: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(parameter, f"must be a positive integer, got {value!r}")
+    return value
 
 
 class Worker:
@@ -82,6 +88,8 @@ class Worker:
         heartbeat_interval: timedelta | None = None,
         reap_interval: timedelta | None = None,
         poll_interval: float = 1.0,
+        listen: bool = True,
+        batch_size: int | None = None,
         name: str | None = None,
     ) -> None:
         if isinstance(bind, Engine):
@@ -95,29 +103,42 @@ class Worker:
             raise InvalidArgumentError("repositories", "give one or more JobRepository")
         if not isinstance(tasks, TaskRegistry):
             raise InvalidArgumentError("tasks", "must be a TaskRegistry")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise InvalidArgumentError("concurrency", f"must be a positive integer, got {concurrency!r}")
+        self.concurrency = _positive_int("concurrency", concurrency)
         if mode not in ("lease", "transaction"):
             raise InvalidArgumentError("mode", f"must be 'lease' or 'transaction', got {mode!r}")
         if not isinstance(lease, timedelta) or lease <= timedelta(0):
             raise InvalidArgumentError("lease", "must be a positive timedelta")
         if not poll_interval > 0:
             raise InvalidArgumentError("poll_interval", "must be a positive number of seconds")
+        if batch_size is not None:
+            _positive_int("batch_size", batch_size)
+        engine = self._sessions.kw.get("bind")
+        if listen and not isinstance(engine, Engine):
+            raise InvalidArgumentError("listen", "needs an Engine, or a sessionmaker bound to one")
+        self._url = engine.url if isinstance(engine, Engine) else None
         self.repositories = repos
         self.tasks = tasks
         self.queues = _queues(queues)
-        self.concurrency = concurrency
         self.mode: Mode = mode
         self.lease = lease
         self.heartbeat_interval = (heartbeat_interval or lease / 3).total_seconds()
         self.reap_interval = (reap_interval or lease / 2).total_seconds()
         self.poll_interval = poll_interval
+        self.listen = listen
+        self.batch_size = batch_size or (DEFAULT_TRANSACTION_BATCH if mode == "transaction" else None)
         self.name = name or default_worker_name()
         self.result = WorkerResult()
         self._task_limits = {t.name: t.max_attempts for t in tasks if t.max_attempts is not None}
         self._stopping = threading.Event()
+        # Set by job completions, notifications, full buffers and stop():
+        # the loop's one place to sleep.
+        self._wake = threading.Event()
         self._lock = threading.Lock()
         self._turn = 0
+        self._notified = False
+        self._listener: Listener | None = None
+        self._completions = CompletionBuffer(on_full=self._wake.set)
+        self._runner = JobRunner(self)
         # Jobs whose lease this worker extends, by lock token (lease mode). A
         # job leaves before its finishing statement, so a heartbeat never
         # mistakes a job completed a moment ago for a lost one.
@@ -128,16 +149,21 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming; :meth:`run` returns once the running jobs finish."""
         self._stopping.set()
+        self._wake.set()
 
     def run(self, *, until_empty: bool = False) -> WorkerResult:
         """Run until :meth:`stop`, SIGINT or SIGTERM (or, with ``until_empty``,
         until nothing is runnable and nothing is running). Jobs in flight are
-        always finished before it returns."""
+        always finished, and buffered completions written, before it returns."""
         restore = self._install_signal_handlers()
+        listener = self._listener = self._start_listener() if self.listen and not until_empty else None
         try:
             with ThreadPoolExecutor(self.concurrency, thread_name_prefix="sa_jobqueue") as pool:
                 self._loop(pool, until_empty)
         finally:
+            if listener is not None:
+                listener.stop()
+                self._listener = None
             restore()
         return self.result
 
@@ -149,59 +175,93 @@ class Worker:
         next_reap = time.monotonic()
         next_heartbeat = next_reap if self.mode == "lease" else float("inf")
         found = True  # did the latest claim find work?
+        next_probe = 0.0  # while idle: when to claim again (unless woken)
         while not self._stopping.is_set():
+            self._wake.clear()
             now = time.monotonic()
             if now >= next_reap:
                 self._reap()
                 next_reap = now + self.reap_interval
-            if self.mode == "lease" and now >= next_heartbeat:
+            if now >= next_heartbeat:
                 self._heartbeat()
                 next_heartbeat = now + self.heartbeat_interval
+            ran, empty = self._collect(inflight)
+            if self._completions.due():
+                self._flush_completions()
+            if self._take_notification():
+                found = True
             free = self.concurrency - len(inflight)
             if self.mode == "lease":
-                claimed = self._claim(free) if free > 0 else []
-                for repo, job in claimed:
-                    with self._lock:
-                        self._running[job.lock_token] = (repo, job)
-                    inflight.add(pool.submit(self._run_leased, repo, job))
                 if free > 0:
-                    found = bool(claimed)
+                    claimed = self._claim(min(free, self.batch_size or free))
+                    for repo, job in claimed:
+                        with self._lock:
+                            self._running[job.lock_token] = (repo, job)
+                        self._submit(pool, inflight, self._runner.run_leased, repo, job)
+                    if claimed:
+                        found, idle_wait = True, 0.0
+                        if len(claimed) < free:
+                            continue  # a short batch is not an empty queue: claim again
+                    else:
+                        found = False
+                        idle_wait = self._next_idle_wait(idle_wait)
+                        next_probe = time.monotonic() + idle_wait
             else:
-                # Each slot claims in its own transaction. While idle, probe
-                # with one slot at a time rather than C empty transactions.
-                probes = free if found else (0 if inflight else 1)
+                # Each slot claims a batch in its own transaction; the slots'
+                # results tell whether the queues had work.
+                if ran:
+                    found, idle_wait = True, 0.0
+                if empty and not ran:
+                    found = False
+                    idle_wait = self._next_idle_wait(idle_wait)
+                    next_probe = time.monotonic() + idle_wait
+                if until_empty and not found and not inflight and not len(self._completions):
+                    break  # the last probe found nothing, and nothing runs
+                if found:
+                    probes = free
+                else:
+                    # While idle, one probe at a time, once the idle wait is over.
+                    probes = 1 if not inflight and time.monotonic() >= next_probe else 0
                 for _ in range(probes):
-                    inflight.add(pool.submit(self._run_in_transaction))
-            if inflight and (self.mode == "transaction" or not found or free <= len(claimed)):
-                done, _ = wait(
-                    inflight, timeout=self._until(next_heartbeat, next_reap), return_when=FIRST_COMPLETED
-                )
-                ran, empty = self._collect(done, inflight)
-                if self.mode == "transaction" and (ran or empty):
-                    found = ran > 0
-            if found:
-                idle_wait = 0.0
-            elif not inflight:
-                if until_empty:
-                    break
-                idle_wait = self._next_idle_wait(idle_wait)
-                self._stopping.wait(min(idle_wait, self._until(next_heartbeat, next_reap) or idle_wait))
-        wait(inflight)
-        self._collect(set(inflight), inflight)
+                    self._submit(pool, inflight, self._runner.run_transaction_batch)
+            if self.mode == "lease" and until_empty and not found and not inflight and not len(self._completions):
+                break
+            if found or (self.mode == "transaction" and inflight):
+                timeout = self.poll_interval  # a finishing slot wakes the loop sooner
+            else:
+                timeout = next_probe - time.monotonic()
+            self._wake.wait(self._sleep_for(timeout, next_heartbeat, next_reap))
+        while inflight:
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
+            self._collect(inflight)
+            if self._completions.due():
+                self._flush_completions()
+        self._flush_completions(final=True)
 
-    def _until(self, *deadlines: float) -> float:
-        return max(0.0, min(min(deadlines) - time.monotonic(), self.poll_interval))
+    def _submit(self, pool: ThreadPoolExecutor, inflight: set[Future[Any]], fn: Any, *args: Any) -> None:
+        future = pool.submit(fn, *args)
+        future.add_done_callback(lambda _: self._wake.set())
+        inflight.add(future)
+
+    def _sleep_for(self, wait: float, *deadlines: float) -> float:
+        flush_at = self._completions.deadline()
+        until = min((*deadlines, flush_at if flush_at is not None else float("inf")))
+        return max(0.0, min(wait, until - time.monotonic(), self.poll_interval))
 
     def _next_idle_wait(self, previous: float) -> float:
+        if self._listener is not None and self._listener.connected.is_set():
+            # Enqueues wake us; polling only catches scheduled jobs and retries.
+            return self.poll_interval * random.uniform(0.8, 1.0)
         # Exponential backoff from 50 ms to poll_interval, ±25% jitter so that
         # many idle workers do not poll in step.
         base = min(self.poll_interval, max(0.05, previous * 2))
         return base * random.uniform(0.75, 1.25)
 
-    def _collect(self, done: set[Future[Any]], inflight: set[Future[Any]]) -> tuple[int, int]:
+    def _collect(self, inflight: set[Future[Any]]) -> tuple[int, int]:
         """Retire finished futures; return how many ran a job and how many found none."""
         ran = empty = 0
-        for future in done:
+        for future in [f for f in inflight if f.done()]:
             inflight.discard(future)
             try:
                 if future.result():
@@ -213,20 +273,43 @@ class Worker:
                 empty += 1
         return ran, empty
 
-    # -- statements in short transactions of the control connection -------
+    # -- wake-ups ----------------------------------------------------------
 
-    def _session(self) -> Session:
-        return self._sessions()
+    def _start_listener(self) -> Listener:
+        assert self._url is not None
+        conninfo = self._url.set(drivername="postgresql").render_as_string(hide_password=False)
+        listener = Listener(
+            conninfo, sorted({repo.channel for repo in self.repositories}),
+            on_notify=self._on_notify, on_connect=self._on_notify_any,
+        )
+        listener.start()
+        return listener
+
+    def _on_notify(self, channel: str, queue: str) -> None:
+        if queue in self.queues:
+            self._on_notify_any()
+
+    def _on_notify_any(self) -> None:
+        with self._lock:
+            self._notified = True
+        self._wake.set()
+
+    def _take_notification(self) -> bool:
+        with self._lock:
+            notified, self._notified = self._notified, False
+        return notified
+
+    # -- statements in short transactions of the control connection -------
 
     def _claim(self, free: int) -> list[tuple[JobRepository[Any], Any]]:
         claimed: list[tuple[JobRepository[Any], Any]] = []
         try:
-            with self._session() as session:
+            with self._sessions() as session:
                 for repo in self._rotation():
                     if free <= 0:
                         break
                     with session.begin():
-                        session.connection(execution_options=_READ_COMMITTED)
+                        session.connection(execution_options=READ_COMMITTED)
                         jobs = repo.claim(
                             session, queues=self.queues, limit=free, worker=self.name, lease=self.lease
                         )
@@ -256,8 +339,8 @@ class Worker:
             if not jobs:
                 continue
             try:
-                with self._session() as session, session.begin():
-                    session.connection(execution_options=_READ_COMMITTED)
+                with self._sessions() as session, session.begin():
+                    session.connection(execution_options=READ_COMMITTED)
                     owned = repo.heartbeat(session, jobs, lease=self.lease)
             except Exception:
                 log.exception("worker %s: heartbeat failed", self.name)
@@ -270,16 +353,11 @@ class Worker:
                     self.name, job.id, job.task,
                 )
 
-    def _finishing(self, job: Any) -> None:
-        """Stop extending the lease of ``job``: its finishing statement follows."""
-        with self._lock:
-            self._running.pop(job.lock_token, None)
-
     def _reap(self) -> None:
         for repo in self.repositories:
             try:
-                with self._session() as session, session.begin():
-                    session.connection(execution_options=_READ_COMMITTED)
+                with self._sessions() as session, session.begin():
+                    session.connection(execution_options=READ_COMMITTED)
                     reaped = repo.reap(session, task_max_attempts=self._task_limits)
                 if reaped.requeued or reaped.dead:
                     log.warning(
@@ -290,109 +368,52 @@ class Worker:
             except Exception:
                 log.exception("worker %s: reap failed", self.name)
 
-    # -- running one job ---------------------------------------------------
+    def _flush_completions(self, *, final: bool = False) -> None:
+        """Write buffered completions, one fenced statement per table."""
+        for attempt in range(5 if final else 1):
+            entries = self._completions.take()
+            if not entries:
+                return
+            try:
+                with self._sessions() as session, session.begin():
+                    session.connection(execution_options=READ_COMMITTED)
+                    done = {
+                        repo: repo.complete_many(session, [job for r, job in entries if r is repo])
+                        for repo in {r for r, _ in entries}
+                    }
+            except Exception:
+                log.exception("worker %s: writing %s completions failed", self.name, len(entries))
+                self._completions.put_back(entries)
+                self._stopping.wait(min(self.poll_interval, 0.2 * 2**attempt) if final else 0)
+                continue
+            for repo, job in entries:
+                self._finishing(job)
+                if job.id in done[repo]:
+                    self._count("completed")
+                else:
+                    log.warning("worker %s: job %s finished after its lease was lost", self.name, job.id)
+                    self._count("lost")
+        if final and len(self._completions):
+            log.error("worker %s: %s completions could not be written; their leases will expire "
+                      "and the jobs run again", self.name, len(self._completions))
 
-    def _count(self, status: str) -> None:
+    # -- bookkeeping shared with the job runner ---------------------------
+
+    def _finishing(self, job: Any) -> None:
+        """Stop extending the lease of ``job``: its finishing statement follows."""
         with self._lock:
-            if status == "completed":
-                self.result.completed += 1
-            elif status == DEAD:
-                self.result.dead += 1
-            elif status == "lost":
-                self.result.lost += 1
+            self._running.pop(job.lock_token, None)
+
+    def _count(self, outcome: str, n: int = 1) -> None:
+        with self._lock:
+            if outcome == "completed":
+                self.result.completed += n
+            elif outcome == "dead":
+                self.result.dead += n
+            elif outcome == "lost":
+                self.result.lost += n
             else:
-                self.result.retried += 1
-
-    def _run_leased(self, repo: JobRepository[Any], job: Any) -> bool:
-        try:
-            return self._run_leased_job(repo, job)
-        finally:
-            self._finishing(job)
-
-    def _run_leased_job(self, repo: JobRepository[Any], job: Any) -> bool:
-        task = self.tasks.get(job.task)
-        with self._session() as session:
-            try:
-                with session.begin():
-                    session.connection(execution_options=_READ_COMMITTED)
-                    if task is None:
-                        self._finishing(job)
-                        self._fail_unknown(session, repo, job)
-                        return True
-                    task(job, session)
-                    # The handler's pending writes go first, so that their
-                    # errors count as the handler's failure.
-                    session.flush()
-                    self._finishing(job)
-                    repo.complete(session, job)
-                self._count("completed")
-                return True
-            except JobLostError as exc:
-                log.warning("worker %s: %s; the handler's writes were rolled back", self.name, exc)
-                self._count("lost")
-                return True
-            except BaseException as exc:  # SystemExit from a handler is a failure too
-                failure: BaseException = exc
-            assert task is not None
-            self._finishing(job)
-            try:
-                with session.begin():
-                    session.connection(execution_options=_READ_COMMITTED)
-                    self._fail(session, repo, job, task, failure)
-            except JobLostError as exc:
-                log.warning("worker %s: %s", self.name, exc)
-                self._count("lost")
-        return True
-
-    def _run_in_transaction(self) -> bool:
-        with self._session() as session, session.begin():
-            session.connection(execution_options=_READ_COMMITTED)
-            for repo in self._rotation():
-                jobs = repo.claim(session, queues=self.queues, limit=1, worker=self.name, lease=self.lease)
-                if jobs:
-                    break
-            else:
-                return False
-            job = jobs[0]
-            task = self.tasks.get(job.task)
-            if task is None:
-                self._fail_unknown(session, repo, job)
-                return True
-            savepoint = session.begin_nested()
-            try:
-                task(job, session)
-                savepoint.commit()  # flushes the handler's writes inside the savepoint
-            except BaseException as exc:  # SystemExit from a handler is a failure too
-                savepoint.rollback()
-                self._fail(session, repo, job, task, exc)
-                return True
-            repo.complete(session, job)
-        self._count("completed")
-        return True
-
-    def _fail(self, session: Session, repo: JobRepository[Any], job: Any, task: Task, exc: BaseException) -> None:
-        if isinstance(exc, RetryJob):
-            status = repo.fail(
-                session, job, f"RetryJob: {exc}", delay=exc.delay if exc.at is None else None,
-                at=exc.at, policy=task.retry, max_attempts=task.max_attempts,
-            )
-        else:
-            log.info("worker %s: job %s (%s) failed: %r", self.name, job.id, job.task, exc)
-            status = repo.fail(
-                session, job, describe_error(exc), policy=task.retry, max_attempts=task.max_attempts
-            )
-        self._count(status)
-
-    def _fail_unknown(self, session: Session, repo: JobRepository[Any], job: Any) -> None:
-        known = ", ".join(sorted(t.name for t in self.tasks)) or "none"
-        log.error("worker %s: job %s has unknown task %r", self.name, job.id, job.task)
-        repo.fail(
-            session, job,
-            f"unknown task {job.task!r}: no handler is registered for it in this worker "
-            f"(registered: {known})",
-            discard=True,
-        )
-        self._count(DEAD)
+                self.result.retried += n
 
     # -- signals -----------------------------------------------------------
 

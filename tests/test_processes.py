@@ -159,7 +159,7 @@ def test_a_job_that_kills_its_worker_every_time_ends_dead(
     while not dead():
         assert time.monotonic() < deadline, "the job never went dead"
         worker = spawn("work", libpq_url, "--mode", "lease", "--concurrency", "1", "--lease", "1")
-        _wait_for(lambda: worker.poll() is not None or dead(), 60, "the worker to die or the job to go dead")
+        _wait_for(lambda w=worker: w.poll() is not None or dead(), 60, "the worker to die or the job to go dead")
         if worker.poll() is None:
             # This worker reaped the job into dead and lives on: stop it.
             worker.send_signal(signal.SIGTERM)

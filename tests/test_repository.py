@@ -345,6 +345,25 @@ def test_a_stale_worker_cannot_complete_or_fail_a_reclaimed_job(sessions: sessio
         assert _count(session, TaskJob) == 0
 
 
+def test_complete_many_is_fenced_per_job(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("noop") for _ in range(3)])
+        reports.enqueue_many(session, [JobSpec("noop") for _ in range(2)])
+    with sessions.begin() as session:
+        expiring = jobs.claim(session, limit=2, lease=timedelta(milliseconds=50))
+        [kept] = jobs.claim(session, limit=1, lease=LEASE)
+        done_reports = reports.claim(session, limit=2)
+    time.sleep(0.1)
+    with sessions.begin() as session:
+        assert jobs.reap(session).requeued == 2
+        assert jobs.complete_many(session, [*expiring, kept]) == {kept.id}
+        assert reports.complete_many(session, done_reports) == {j.id for j in done_reports}
+        assert jobs.complete_many(session, []) == set()
+    with sessions() as session:
+        assert _count(session, TaskJob, status="pending") == 2 and _count(session, TaskJob) == 2
+        assert _count(session, ReportJob, status="done") == 2
+
+
 # -- reap, cancel, retry, stats, purge -------------------------------------
 
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 from jobapp import Ledger, TaskJob, jobs, tasks
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobqueue import InvalidArgumentError, JobSpec, TaskRegistry, Worker
@@ -154,3 +154,81 @@ def test_idle_polling_backs_off_with_jitter_up_to_the_poll_interval(engine: Engi
     assert waits[4] > waits[2] > waits[1]
     assert all(w <= 2.0 * 1.25 for w in waits) and waits[-1] >= 2.0 * 0.75
     assert len({round(worker._next_idle_wait(1.0), 6) for _ in range(10)}) > 1
+
+
+def _count_statements(engine: Engine, needle: str) -> tuple[list[str], object]:
+    seen: list[str] = []
+
+    def record(conn, cursor, statement, params, context, executemany):  # type: ignore[no-untyped-def]
+        if needle in statement:
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    return seen, record
+
+
+def test_sessionless_handlers_complete_in_batches(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("noop") for _ in range(300)])
+    deletes, record = _count_statements(engine, "DELETE FROM task_jobs")
+    try:
+        result = _worker(engine, "lease", concurrency=4).run(until_empty=True)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert (result.completed, result.lost) == (300, 0)
+    assert len(deletes) < 300 / 2  # many completions per statement
+    assert all("ANY" in d for d in deletes)
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
+
+
+def test_batched_completions_are_written_before_run_returns(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("noop") for _ in range(2000)])
+    worker = _worker(engine, "lease", concurrency=4)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while worker.result.completed < 100:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    worker.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    with sessions() as session:
+        left = session.scalar(select(func.count()).select_from(TaskJob))
+        running = session.scalar(select(func.count()).select_from(TaskJob).where(TaskJob.status == "running"))
+    # Every job reported completed is gone from the table, and none is left running.
+    assert running == 0 and left == 2000 - worker.result.completed
+
+
+def test_a_task_can_opt_out_of_batched_completion() -> None:
+    registry = TaskRegistry()
+    registry.register("own", lambda job: None, batch_complete=False)
+    registry.register("auto", lambda job: None)
+    registry.register("session", lambda job, session: None)
+    assert [t.completes_in_batch for t in registry] == [False, True, False]
+
+
+def test_transaction_mode_runs_a_batch_in_one_commit_and_isolates_failures(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    with sessions.begin() as session:
+        good = jobs.enqueue_many(session, [JobSpec("ledger") for _ in range(4)])
+        flaky = jobs.enqueue(session, "flaky", {"failures": 1})
+        good += jobs.enqueue_many(session, [JobSpec("ledger") for _ in range(5)])
+    commits: list[int] = []
+    on_commit = lambda conn: commits.append(1)  # noqa: E731
+    event.listen(engine, "commit", on_commit)
+    try:
+        worker = _worker(engine, "transaction", concurrency=1, batch_size=10)
+        result = worker.run(until_empty=True)
+    finally:
+        event.remove(engine, "commit", on_commit)
+    assert (result.completed, result.retried) == (10, 1)
+    with sessions() as session:
+        notes = dict(session.execute(select(Ledger.job_id, Ledger.note)).all())
+    assert set(notes) == {j.id for j in good} | {flaky.id} and notes[flaky.id] == "attempt 2"
+    # One commit for the batch of 10 (9 good, the failure recorded), one for the
+    # retried job, plus the reaper's: far fewer than one per job.
+    assert len(commits) <= 5
