@@ -126,6 +126,9 @@ class Worker:
         self.poll_interval = poll_interval
         self.listen = listen
         self.batch_size = batch_size or (DEFAULT_TRANSACTION_BATCH if mode == "transaction" else None)
+        # Lease mode may claim ahead of its threads (batch_size > concurrency):
+        # claimed jobs wait in the pool's queue, their leases extended.
+        self._capacity = max(concurrency, batch_size or 0) if mode == "lease" else concurrency
         self.name = name or default_worker_name()
         self.result = WorkerResult()
         self._task_limits = {t.name: t.max_attempts for t in tasks if t.max_attempts is not None}
@@ -190,7 +193,7 @@ class Worker:
                 self._flush_completions()
             if self._take_notification():
                 found = True
-            free = self.concurrency - len(inflight)
+            free = self._capacity - len(inflight)
             if self.mode == "lease":
                 if free > 0:
                     claimed = self._claim(min(free, self.batch_size or free))

@@ -232,3 +232,16 @@ def test_transaction_mode_runs_a_batch_in_one_commit_and_isolates_failures(
     # One commit for the batch of 10 (9 good, the failure recorded), one for the
     # retried job, plus the reaper's: far fewer than one per job.
     assert len(commits) <= 5
+
+
+def test_lease_mode_can_claim_ahead_of_its_threads(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("noop") for _ in range(120)])
+    claims, record = _count_statements(engine, "FOR UPDATE SKIP LOCKED")
+    try:
+        result = _worker(engine, "lease", concurrency=2, batch_size=50).run(until_empty=True)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert result.completed == 120
+    # 120 jobs in claims of up to 50 (plus the reaper's and the last, empty, claim).
+    assert len(claims) <= 8
