@@ -1,0 +1,369 @@
+"""The benchmark's processes: an sa_jobqueue worker, the two raw psycopg loops, producers.
+
+Started by ``run.py``, one process per measurement, so that the CPU time and
+peak RSS each reports are its own::
+
+    python benchmarks/child.py sajq     DSN --path a|b|c --concurrency C [--service] [--rss-at N,...]
+    python benchmarks/child.py textbook DSN --concurrency C
+    python benchmarks/child.py batch    DSN --concurrency C [--service]
+    python benchmarks/child.py produce-sajq | produce-raw DSN --jobs 200 --gap 0.02
+
+Protocol on stdin/stdout, every line of ours prefixed with ``@@``: the child
+connects, prints ``@@ready`` and waits for ``go``; a drain then runs until the
+queue is empty, a service (``--service``) until the line ``stop``. The child
+ends by printing ``@@`` and one JSON object: ``seconds`` (wall time of the
+measured part), ``cpu`` (user + system seconds of the whole process in it),
+``hwm_kb`` (peak RSS, VmHWM), and what the role adds (the worker's result,
+the ids it finished, the handler start times).
+
+Execution paths of the sa_jobqueue worker:
+
+* ``a``: lease mode, a handler without a session (batched completion);
+* ``b``: lease mode, a handler that writes one ledger row in the job's session;
+* ``c``: transaction mode, the same ledger handler.
+
+Clocks: ``time.monotonic()`` is CLOCK_MONOTONIC, shared by all processes of
+the machine, so a producer's commit time and a worker's handler start time
+can be subtracted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psycopg  # noqa: E402
+from common import (  # noqa: E402
+    BATCH_CLAIM,
+    BATCH_DELETE,
+    CHANNEL,
+    LEDGER,
+    QUEUE,
+    RAW_INSERT,
+    TEXTBOOK_CLAIM,
+    TEXTBOOK_DELETE,
+    sqlalchemy_url,
+)
+
+BATCH = 100  # rows per claim of the raw batch loop
+TASK = "bench"
+
+
+def say(line: str) -> None:
+    sys.stdout.write(f"@@{line}\n")
+    sys.stdout.flush()
+
+
+def hwm_kb() -> int:
+    """Peak resident set size of this process so far (VmHWM), in kB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def wait_for(word: str) -> None:
+    line = sys.stdin.readline().strip()
+    if line != word:
+        raise SystemExit(f"expected {word!r} on stdin, got {line!r}")
+
+
+def stop_on_stdin(stop: Any) -> None:
+    """In a daemon thread: call ``stop()`` when the parent says ``stop`` (or goes away)."""
+
+    def watch() -> None:
+        sys.stdin.readline()
+        stop()
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+class Stamps:
+    """Handler start times (service mode) and RSS samples at given job counts."""
+
+    def __init__(self, keep: bool, rss_at: list[int]) -> None:
+        self.keep = keep
+        self.rss_at = set(rss_at)
+        self.times: list[tuple[int, float]] = []
+        self.samples: dict[int, int] = {}
+        self.count = 0
+        self.lock = threading.Lock()
+        self.active = keep or bool(rss_at)
+
+    def record(self, job_id: int) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.count += 1
+            if self.keep:
+                self.times.append((job_id, now))
+            if self.count in self.rss_at:
+                self.samples[self.count] = hwm_kb()
+
+
+# -- sa_jobqueue --------------------------------------------------------------
+
+
+def run_sajq(args: argparse.Namespace) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from sqlalchemy import BigInteger, Column, MetaData, Table, create_engine, insert
+    from sqlalchemy.orm import Session
+
+    from sa_jobqueue import JobRepository, TaskRegistry, Worker
+    from sa_jobqueue.default import Job
+
+    concurrency = args.concurrency
+    # Room for the worker's own connections (C + 1, plus a listener when it
+    # has one) without ever waiting on the pool.
+    engine = create_engine(sqlalchemy_url(args.dsn), pool_size=concurrency + 2, max_overflow=8)
+    repo = JobRepository(Job)
+    tasks = TaskRegistry()
+    stamps = Stamps(args.service, [int(n) for n in args.rss_at.split(",") if n])
+    ledger = Table(LEDGER, MetaData(), Column("job_id", BigInteger, primary_key=True))
+    add_ledger_row = insert(ledger)
+
+    if args.path == "a":
+        if stamps.active:
+            def bench(job: Any) -> None:
+                stamps.record(job.id)
+        else:
+            def bench(job: Any) -> None:
+                pass
+    else:
+        def bench(job: Any, session: Session) -> None:  # type: ignore[misc]
+            if stamps.active:
+                stamps.record(job.id)
+            session.execute(add_ledger_row, {"job_id": job.id})
+
+    tasks.register(TASK, bench)
+    params = inspect.signature(Worker).parameters
+    options: dict[str, Any] = {
+        "queues": [QUEUE], "concurrency": concurrency, "mode": "transaction" if args.path == "c" else "lease",
+        "poll_interval": args.poll,
+    }
+    if "listen" in params and args.listen is not None:
+        options["listen"] = args.listen == "on"
+    if "batch_size" in params and args.batch_size:
+        options["batch_size"] = args.batch_size
+    worker = Worker(engine, repo, tasks, **options)
+
+    warm = [engine.connect() for _ in range(concurrency + 1)]
+    for connection in warm:
+        connection.close()
+    say("ready")
+    wait_for("go")
+    if args.service:
+        stop_on_stdin(worker.stop)
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    result = worker.run(until_empty=not args.service)
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+    engine.dispose()
+    return {
+        "seconds": seconds, "cpu": cpu, "hwm_kb": hwm_kb(), "result": asdict(result),
+        "stamps": stamps.times, "samples": stamps.samples, "options": sorted(options),
+    }
+
+
+# -- the raw psycopg reference loops ----------------------------------------------
+
+
+class Loops:
+    """Threads of one raw loop; each thread owns a connection and records its ids."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.stop = threading.Event()
+        self.go = threading.Event()
+        self.ids: list[list[int]] = [[] for _ in range(args.concurrency)]
+        self.stamps = Stamps(args.service, [])
+        self.errors: list[BaseException] = []
+        # Wake-up of the batch loop: a generation counter bumped on NOTIFY.
+        self.wake = threading.Condition()
+        self.generation = 0
+
+    def connect(self, autocommit: bool) -> psycopg.Connection:
+        return psycopg.connect(self.args.dsn, autocommit=autocommit)
+
+    def guarded(self, body: Any, *args: Any) -> Any:
+        def run() -> None:
+            try:
+                body(*args)
+            except BaseException as exc:  # reported by the parent as a failure
+                self.errors.append(exc)
+                self.stop.set()
+                with self.wake:
+                    self.wake.notify_all()
+
+        return run
+
+    def handle(self, job_id: int, payload: Any) -> None:
+        if self.stamps.active:
+            self.stamps.record(job_id)
+
+    # The article's loop: claim one row, run it, delete it, commit; per job.
+    def textbook(self, index: int, conn: psycopg.Connection) -> None:
+        done = self.ids[index]
+        self.go.wait()
+        with conn:
+            while not self.stop.is_set():
+                row = conn.execute(TEXTBOOK_CLAIM, (QUEUE,)).fetchone()
+                if row is None:
+                    conn.commit()
+                    break
+                self.handle(row[0], row[1])
+                conn.execute(TEXTBOOK_DELETE, (row[0],))
+                conn.commit()
+                done.append(row[0])
+
+    # The careful loop: claim 100 with a CTE (autocommit: the claim commits at
+    # once), run them, delete them all in one statement. Idle threads sleep
+    # until a NOTIFY (or a 1 s poll).
+    def batch(self, index: int, conn: psycopg.Connection) -> None:
+        done = self.ids[index]
+        self.go.wait()
+        with conn:
+            while not self.stop.is_set():
+                seen = self.generation
+                rows = conn.execute(BATCH_CLAIM, (QUEUE, BATCH)).fetchall()
+                if not rows:
+                    if not self.args.service:
+                        break
+                    with self.wake:
+                        self.wake.wait_for(lambda seen=seen: self.generation != seen or self.stop.is_set(), 1.0)
+                    continue
+                ids = []
+                for job_id, payload in rows:
+                    self.handle(job_id, payload)
+                    ids.append(job_id)
+                conn.execute(BATCH_DELETE, (ids,))
+                done.extend(ids)
+
+    def listen(self, conn: psycopg.Connection) -> None:
+        with conn:
+            conn.execute(f"LISTEN {CHANNEL}")
+            while not self.stop.is_set():
+                for _ in conn.notifies(timeout=0.2, stop_after=1):
+                    with self.wake:
+                        self.generation += 1
+                        self.wake.notify_all()
+
+    def run(self, kind: str) -> dict[str, Any]:
+        body = self.textbook if kind == "textbook" else self.batch
+        autocommit = kind == "batch"
+        threads = [
+            threading.Thread(target=self.guarded(body, i, self.connect(autocommit)), name=f"{kind}-{i}")
+            for i in range(self.args.concurrency)
+        ]
+        if kind == "batch":
+            threads.append(threading.Thread(target=self.guarded(self.listen, self.connect(True)), daemon=True))
+        for thread in threads:
+            thread.start()
+        say("ready")
+        wait_for("go")
+        if self.args.service:
+            stop_on_stdin(self._stop)
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
+        self.go.set()
+        for thread in threads[: self.args.concurrency]:
+            thread.join()
+        seconds, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+        self._stop()
+        if self.errors:
+            raise self.errors[0]
+        return {
+            "seconds": seconds, "cpu": cpu, "hwm_kb": hwm_kb(),
+            "ids": [i for ids in self.ids for i in ids], "stamps": self.stamps.times,
+        }
+
+    def _stop(self) -> None:
+        self.stop.set()
+        with self.wake:
+            self.wake.notify_all()
+
+
+# -- producers (latency) ---------------------------------------------------------
+
+
+def produce(args: argparse.Namespace) -> dict[str, Any]:
+    """Enqueue ``--jobs`` jobs ``--gap`` seconds apart, one transaction each;
+    return (job id, monotonic time right after the commit returned) pairs."""
+    commits: list[tuple[int, float]] = []
+    if args.role == "produce-sajq":
+        from sqlalchemy import create_engine
+        from sqlalchemy.orm import Session
+
+        from sa_jobqueue import JobRepository
+        from sa_jobqueue.default import Job
+
+        engine = create_engine(sqlalchemy_url(args.dsn))
+        repo = JobRepository(Job)
+        with engine.connect():
+            pass
+
+        def enqueue_one() -> int:
+            with Session(engine) as session, session.begin():
+                job_id = repo.enqueue(session, TASK, {}, queue=QUEUE).id
+            return job_id
+    else:
+        from psycopg.types.json import Jsonb
+
+        conn = psycopg.connect(args.dsn)
+
+        def enqueue_one() -> int:
+            row = conn.execute(RAW_INSERT, (TASK, QUEUE, Jsonb({}))).fetchone()
+            conn.execute(f"NOTIFY {CHANNEL}")
+            conn.commit()
+            assert row is not None
+            return int(row[0])
+
+    say("ready")
+    wait_for("go")
+    start = time.monotonic()
+    for n in range(args.jobs):
+        job_id = enqueue_one()
+        commits.append((job_id, time.monotonic()))
+        pause = start + (n + 1) * args.gap - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+    return {"seconds": time.monotonic() - start, "cpu": cpu_seconds(), "hwm_kb": hwm_kb(), "commits": commits}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["sajq", "textbook", "batch", "produce-sajq", "produce-raw"])
+    parser.add_argument("dsn")
+    parser.add_argument("--path", choices=["a", "b", "c"], default="a")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--service", action="store_true", help="run until 'stop' instead of until empty")
+    parser.add_argument("--listen", choices=["on", "off"], default=None)
+    parser.add_argument("--batch-size", type=int, default=0)
+    parser.add_argument("--poll", type=float, default=1.0)
+    parser.add_argument("--rss-at", default="", help="job counts at which to sample VmHWM")
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--gap", type=float, default=0.02)
+    args = parser.parse_args()
+    if args.role == "sajq":
+        out = run_sajq(args)
+    elif args.role in ("textbook", "batch"):
+        out = Loops(args).run(args.role)
+    else:
+        out = produce(args)
+    say(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,618 @@
+"""sa_jobqueue benchmark: throughput, latency and memory against raw psycopg loops.
+
+::
+
+    .venv/bin/python benchmarks/run.py                  # default: 3 runs, ~10 min on 2 cores
+    .venv/bin/python benchmarks/run.py --quick          # smoke run, about a minute
+    .venv/bin/python benchmarks/run.py --only drain,latency --runs 5
+    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/test .venv/bin/python benchmarks/run.py
+
+Uses DATABASE_URL when set (it creates and drops databases of its own on
+that server), otherwise an embedded PostgreSQL. Every workload gets a fresh
+database cloned from a migrated template. Prints Markdown: each figure is
+the median of ``--runs`` runs, with its ratio to the two raw psycopg
+reference loops of the same run (the article's textbook loop and a batch
+loop), then the targets of issue 3 with MET / MISSED. Each drain checks that
+every job ran exactly once and the run fails (exit 1) otherwise.
+See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import platform
+import queue
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import psycopg  # noqa: E402
+from common import (  # noqa: E402
+    COPY_JOBS,
+    LEDGER,
+    QUEUE,
+    RAW_INSERT,
+    TABLE,
+    Databases,
+    copy_jobs,
+    core_version,
+    libpq,
+    server,
+)
+from psycopg.types.json import Jsonb  # noqa: E402
+
+WORKLOADS = ("enqueue", "bulk", "textbook", "batch", "drain-a", "drain-b", "drain-c", "latency", "rss")
+GROUPS = {"drain": ("textbook", "batch", "drain-a", "drain-b", "drain-c")}
+PATHS = {
+    "a": "lease + batched completion (handler without session)",
+    "b": "lease + completion in the job's session (ledger row)",
+    "c": "transaction mode (ledger row)",
+}
+NA = "n/a (not implemented)"
+TASK = "bench"
+
+
+class BenchmarkError(RuntimeError):
+    """A check failed: a job ran twice or never, a process failed."""
+
+
+# -- child processes ---------------------------------------------------------------
+
+
+class Child:
+    """One process of child.py, driven over stdin/stdout."""
+
+    def __init__(self, argv: list[str], profile: Path | None = None) -> None:
+        command = [sys.executable, str(HERE / "child.py"), *argv]
+        if profile is not None:
+            spy = Path(sys.executable).with_name("py-spy")
+            command = [str(spy), "record", "--nonblocking", "-r", "200", "-f", "raw", "-o", str(profile),
+                       "--", *command]
+        self.argv = argv
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("@@"):
+                self.lines.put(line[2:].strip())
+        self.lines.put(None)
+
+    def _next(self, timeout: float) -> str:
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            self.kill()
+            raise BenchmarkError(f"{self.argv[0]} process did not answer within {timeout:.0f} s") from None
+        if line is None:
+            code = self.proc.wait(10)
+            raise BenchmarkError(f"{self.argv[0]} process exited with code {code} ({' '.join(self.argv)})")
+        return line
+
+    def ready(self, timeout: float = 60) -> Child:
+        if self._next(timeout) != "ready":
+            raise BenchmarkError(f"{self.argv[0]} process did not start")
+        return self
+
+    def send(self, word: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(word + "\n")
+        self.proc.stdin.flush()
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        out = json.loads(self._next(timeout))
+        self.proc.wait(30)
+        return out  # type: ignore[no-any-return]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+# -- measurements ----------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, dbs: Databases) -> None:
+        self.args = args
+        self.dbs = dbs
+        from sa_jobqueue import Worker
+
+        params = inspect.signature(Worker).parameters
+        self.has_listen = "listen" in params
+        self.has_batch_size = "batch_size" in params
+        self.values: dict[str, list[float]] = defaultdict(list)  # figure -> one value per run
+        self.extra: dict[str, list[float]] = defaultdict(list)  # worker CPU and RSS per drain
+        self.seconds: dict[str, float] = defaultdict(float)  # wall time spent per workload
+
+    def timed(self, name: str, body: Callable[[], None]) -> None:
+        started = time.monotonic()
+        body()
+        self.seconds[name] += time.monotonic() - started
+
+    def wanted(self, workload: str) -> bool:
+        return workload in self.args.only
+
+    def profile(self, name: str) -> Path | None:
+        if not self.args.profile:
+            return None
+        directory = Path(self.args.profile)
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory / f"{name}.txt"
+
+    # enqueue, one job per transaction --------------------------------------------
+
+    def enqueue(self) -> None:
+        from sqlalchemy import create_engine
+        from sqlalchemy.orm import Session
+
+        from sa_jobqueue import JobRepository
+        from sa_jobqueue.default import Job
+
+        count, warm = self.args.enqueue_jobs, 100
+        with self.dbs.fresh() as url:
+            engine = create_engine(url, pool_size=1)
+            repo = JobRepository(Job)
+            try:
+                def one(n: int) -> None:
+                    with Session(engine) as session, session.begin():
+                        repo.enqueue(session, TASK, {"n": n}, queue=QUEUE)
+
+                for n in range(warm):
+                    one(n)
+                started = time.perf_counter()
+                for n in range(count):
+                    one(n)
+                self.values["enqueue"].append(count / (time.perf_counter() - started))
+            finally:
+                engine.dispose()
+            self._expect_rows(libpq(url), warm + count)
+        with self.dbs.fresh() as url, psycopg.connect(libpq(url)) as conn:
+            def raw(n: int) -> None:
+                conn.execute(RAW_INSERT, (TASK, QUEUE, Jsonb({"n": n}))).fetchone()
+                conn.commit()
+
+            for n in range(warm):
+                raw(n)
+            started = time.perf_counter()
+            for n in range(count):
+                raw(n)
+            self.values["enqueue-raw"].append(count / (time.perf_counter() - started))
+            self._expect_rows(libpq(url), warm + count)
+
+    def bulk(self) -> None:
+        from sqlalchemy import create_engine
+        from sqlalchemy.orm import Session
+
+        from sa_jobqueue import JobRepository, JobSpec
+        from sa_jobqueue.default import Job
+
+        count, chunk = self.args.jobs, self.args.chunk
+        with self.dbs.fresh() as url:
+            engine = create_engine(url, pool_size=1)
+            repo = JobRepository(Job)
+            try:
+                with engine.connect():
+                    pass
+                started = time.perf_counter()
+                for start in range(0, count, chunk):
+                    specs = [JobSpec(TASK, {"n": n}, queue=QUEUE) for n in range(start, min(start + chunk, count))]
+                    with Session(engine) as session, session.begin():
+                        repo.enqueue_many(session, specs)
+                self.values["bulk"].append(count / (time.perf_counter() - started))
+            finally:
+                engine.dispose()
+            self._expect_rows(libpq(url), count)
+        with self.dbs.fresh() as url, psycopg.connect(libpq(url)) as conn:
+            started = time.perf_counter()
+            for start in range(0, count, chunk):
+                with conn.cursor() as cur, cur.copy(COPY_JOBS) as copy:
+                    for n in range(start, min(start + chunk, count)):
+                        copy.write_row((TASK, QUEUE, Jsonb({"n": n})))
+                conn.commit()
+            self.values["bulk-copy"].append(count / (time.perf_counter() - started))
+            self._expect_rows(libpq(url), count)
+
+    def _expect_rows(self, dsn: str, count: int) -> None:
+        with psycopg.connect(dsn) as conn:
+            found = conn.execute(f"SELECT count(*) FROM {TABLE}").fetchone()[0]  # type: ignore[index]
+        if found != count:
+            raise BenchmarkError(f"enqueue wrote {found} rows, expected {count}")
+
+    # drains --------------------------------------------------------------------------
+
+    def drain(self, kind: str, concurrency: int) -> None:
+        """kind: 'textbook', 'batch' or an execution path 'a', 'b', 'c'."""
+        count = self.args.jobs
+        name = f"drain-{kind}-{concurrency}"
+        with self.dbs.fresh() as url:
+            dsn = libpq(url)
+            ids = copy_jobs(dsn, count, TASK)
+            if kind in ("textbook", "batch"):
+                argv = [kind, dsn, "--concurrency", str(concurrency)]
+                child = Child(argv)
+            else:
+                argv = ["sajq", dsn, "--path", kind, "--concurrency", str(concurrency)]
+                if self.args.batch_size:
+                    argv += ["--batch-size", str(self.args.batch_size)]
+                child = Child(argv, self.profile(name))
+            try:
+                child.ready().send("go")
+                out = child.result(self.args.timeout)
+            finally:
+                child.kill()
+            self._check_drain(dsn, kind, ids, out, f"drain {kind} C={concurrency}")
+        self.values[name].append(count / out["seconds"])
+        self.extra[f"cpu-{name}"].append(out["cpu"] / out["seconds"])
+        self.extra[f"rss-{name}"].append(out["hwm_kb"] / 1024)
+
+    def _check_drain(self, dsn: str, kind: str, ids: list[int], out: dict[str, Any], label: str) -> None:
+        problems = []
+        with psycopg.connect(dsn) as conn:
+            left = conn.execute(f"SELECT status, count(*) FROM {TABLE} GROUP BY status").fetchall()
+            ledger = [r[0] for r in conn.execute(f"SELECT job_id FROM {LEDGER}")]
+        if left:
+            problems.append(f"jobs left in the table: {dict(left)}")
+        if kind in ("textbook", "batch"):
+            done = out["ids"]
+            if len(done) != len(set(done)):
+                problems.append(f"{len(done) - len(set(done))} job(s) ran more than once")
+            if set(done) != set(ids):
+                problems.append(f"{len(set(ids) - set(done))} job(s) never ran")
+        else:
+            result = out["result"]
+            if result["completed"] != len(ids) or result["retried"] or result["dead"] or result["lost"]:
+                problems.append(f"WorkerResult {result} for {len(ids)} jobs")
+            if kind in ("b", "c"):
+                if len(ledger) != len(ids) or set(ledger) != set(ids):
+                    problems.append(
+                        f"{len(ledger)} ledger rows for {len(ids)} jobs "
+                        f"({len(set(ids) - set(ledger))} missing)"
+                    )
+        if problems:
+            raise BenchmarkError(f"{label}: exactly-once check FAILED: " + "; ".join(problems))
+
+    # latency ---------------------------------------------------------------------------
+
+    def latency(self, kind: str) -> None:
+        """kind 'sajq' (path a, listen on) or 'batch' (the raw batch loop)."""
+        if kind == "sajq" and not self.has_listen:
+            return
+        with self.dbs.fresh() as url:
+            dsn = libpq(url)
+            if kind == "sajq":
+                worker = Child(["sajq", dsn, "--path", "a", "--concurrency", "4", "--service", "--listen", "on",
+                                "--poll", "1.0"], self.profile("latency-sajq"))
+                producer_role = "produce-sajq"
+            else:
+                worker = Child(["batch", dsn, "--concurrency", "4", "--service"])
+                producer_role = "produce-raw"
+            producer = None
+            try:
+                worker.ready().send("go")
+                time.sleep(1.5)  # idle: the worker has backed off to its poll interval
+                producer = Child([producer_role, dsn, "--jobs", str(self.args.latency_jobs), "--gap", "0.02"])
+                producer.ready().send("go")
+                commits = producer.result(60 + self.args.latency_jobs * 0.1)["commits"]
+                deadline = time.monotonic() + 30
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    while conn.execute(f"SELECT count(*) FROM {TABLE}").fetchone()[0]:  # type: ignore[index]
+                        if time.monotonic() > deadline:
+                            raise BenchmarkError(f"latency {kind}: jobs not finished 30 s after the last enqueue")
+                        time.sleep(0.05)
+                worker.send("stop")
+                out = worker.result(60)
+            finally:
+                worker.kill()
+                if producer is not None:
+                    producer.kill()
+        started = {}
+        for job_id, at in out["stamps"]:
+            if job_id in started:
+                raise BenchmarkError(f"latency {kind}: job {job_id} started twice")
+            started[job_id] = at
+        missing = [job_id for job_id, _ in commits if job_id not in started]
+        if missing or len(started) != len(commits):
+            raise BenchmarkError(f"latency {kind}: {len(missing)} job(s) never started")
+        waits = [(started[job_id] - at) * 1000 for job_id, at in commits]
+        cuts = statistics.quantiles(waits, n=100, method="inclusive")
+        for label, value in (("p50", cuts[49]), ("p95", cuts[94]), ("p99", cuts[98])):
+            self.values[f"latency-{kind}-{label}"].append(value)
+
+    # memory ------------------------------------------------------------------------------
+
+    def rss(self) -> None:
+        first, total = self.args.rss_jobs
+        with self.dbs.fresh() as url:
+            dsn = libpq(url)
+            ids = copy_jobs(dsn, total, TASK)
+            child = Child(["sajq", dsn, "--path", "a", "--concurrency", "4", "--rss-at", f"{first},{total}"])
+            try:
+                child.ready().send("go")
+                out = child.result(self.args.timeout * max(1, total // max(1, self.args.jobs)))
+            finally:
+                child.kill()
+            self._check_drain(dsn, "a", ids, out, f"rss drain of {total:,} jobs")
+        samples = {int(k): v / 1024 for k, v in out["samples"].items()}
+        self.values["rss-first"].append(samples[first])
+        self.values["rss-total"].append(samples[total])
+        self.values["rss-rate"].append(total / out["seconds"])
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    import sa_jobqueue
+
+    with server() as (server_url, origin):
+        with psycopg.connect(libpq(server_url), autocommit=True) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        dbs = Databases(server_url)
+        try:
+            bench = Bench(args, dbs)
+            for number in range(1, args.runs + 1):
+                log(f"run {number}/{args.runs}")
+                if bench.wanted("enqueue"):
+                    bench.timed("enqueue", bench.enqueue)
+                if bench.wanted("bulk"):
+                    bench.timed("bulk", bench.bulk)
+                for concurrency in args.concurrency:
+                    for kind in ("textbook", "batch", "a", "b", "c"):
+                        workload = kind if kind in ("textbook", "batch") else f"drain-{kind}"
+                        if bench.wanted(workload):
+                            log(f"  drain {kind} C={concurrency}")
+                            bench.timed(workload, lambda k=kind, c=concurrency: bench.drain(k, c))
+                if bench.wanted("latency"):
+                    log("  latency")
+                    bench.timed("latency", lambda: bench.latency("batch"))
+                    bench.timed("latency", lambda: bench.latency("sajq"))
+            if bench.wanted("rss"):
+                log(f"rss: {args.rss_jobs[1]:,} jobs")
+                bench.timed("rss", bench.rss)
+        finally:
+            dbs.close()
+    elapsed = time.monotonic() - started
+    print(report(args, bench, version, origin, sa_jobqueue.__file__, elapsed))
+    return 0
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit == "jobs/s":
+        return f"{value:,.0f}"
+    if unit in ("ms", "MB"):
+        return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+    return f"{value:.2f}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def rx(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, core: str, elapsed: float) -> str:
+    m = {name: median(values) for name, values in bench.values.items()}
+    e = {name: median(values) for name, values in bench.extra.items()}
+    out: list[str] = []
+    w = out.append
+    w("## sa_jobqueue benchmark")
+    w("")
+    w(f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; total time {elapsed / 60:.1f} min "
+      f"({', '.join(f'{k} {v:.0f} s' for k, v in bench.seconds.items())})")
+    w(f"- command: `{' '.join(['python', *sys.argv])}`")
+    w(f"- sa_jobqueue {core_version()} ({Path(core).parent}); PostgreSQL {version} ({origin}); "
+      f"Python {platform.python_version()}; {os.cpu_count()} CPUs")
+    w(f"- each figure is the median of {args.runs} run(s); drains of {args.jobs:,} no-op jobs; "
+      f"concurrency = threads in one process; Worker options detected: "
+      f"listen={'yes' if bench.has_listen else 'no'}, batch_size={'yes' if bench.has_batch_size else 'no'}")
+    w("")
+    w("| workload | C | median | unit | x textbook loop | x raw batch loop | x own raw baseline |")
+    w("| --- | --- | ---: | --- | ---: | ---: | ---: |")
+
+    def row(label: str, conc: str, value: float | None, unit: str, tb: float | None, bt: float | None,
+            own: str = "—", missing: str | None = None, lower_is_better: bool = False) -> None:
+        if value is None and missing:
+            w(f"| {label} | {conc} | {missing} | {unit} | — | — | — |")
+            return
+        tb_r, bt_r = ratio(value, tb), ratio(value, bt)
+        w(f"| {label} | {conc} | {fmt(value, unit)} | {unit} | {rx(tb_r)} | {rx(bt_r)} | {own} |")
+
+    drains = [("textbook", "raw textbook loop (claim 1, delete, commit per job)"),
+              ("batch", "raw batch loop (claim 100 per CTE, delete by ANY, LISTEN)")]
+    drains += [(p, f"drain ({p}) {text}") for p, text in PATHS.items()]
+    for kind, label in drains:
+        for c in args.concurrency:
+            name = f"drain-{kind}-{c}"
+            row(label, str(c), m.get(name), "jobs/s", m.get(f"drain-textbook-{c}"), m.get(f"drain-batch-{c}"))
+    c1 = str(args.concurrency[0])
+    tb1, bt1 = m.get(f"drain-textbook-{c1}"), m.get(f"drain-batch-{c1}")
+    row("enqueue, one job per transaction (Session + enqueue)", "1", m.get("enqueue"), "jobs/s", tb1, bt1,
+        f"{rx(ratio(m.get('enqueue'), m.get('enqueue-raw')))} raw INSERT loop")
+    row("raw psycopg INSERT loop, one commit per job", "1", m.get("enqueue-raw"), "jobs/s", tb1, bt1, "1.00x")
+    row(f"bulk enqueue (enqueue_many, chunks of {args.chunk:,})", "1", m.get("bulk"), "jobs/s", tb1, bt1,
+        f"{rx(ratio(m.get('bulk'), m.get('bulk-copy')))} raw COPY")
+    row(f"raw COPY (chunks of {args.chunk:,})", "1", m.get("bulk-copy"), "jobs/s", tb1, bt1, "1.00x")
+    for p in ("p50", "p95", "p99"):
+        raw = m.get(f"latency-batch-{p}")
+        sajq = m.get(f"latency-sajq-{p}")
+        if bench.wanted("latency"):
+            row(f"latency {p}, enqueue commit to handler start (path a, listen on)", "4", sajq, "ms", None, raw,
+                missing=NA if not bench.has_listen else None, lower_is_better=True)
+            row(f"latency {p}, raw batch loop with LISTEN/NOTIFY", "4", raw, "ms", None, raw)
+    if bench.wanted("rss"):
+        first, total = args.rss_jobs
+        tb_rss, bt_rss = e.get("rss-drain-textbook-4"), e.get("rss-drain-batch-4")
+        row(f"worker peak RSS after {first:,} jobs (path a)", "4", m.get("rss-first"), "MB", tb_rss, bt_rss)
+        row(f"worker peak RSS after {total:,} jobs (path a)", "4", m.get("rss-total"), "MB", tb_rss, bt_rss,
+            f"{rx(ratio(m.get('rss-total'), m.get('rss-first')))} the {first:,}-job figure")
+    w("")
+    w("Ratios: drains against the reference loops at the same concurrency; enqueue and bulk against the loops "
+      f"at C={c1} (how their rate compares with what one connection drains); latency against the raw batch "
+      "loop's (above 1 = slower); RSS against the reference loops' peak RSS in their C=4 drains.")
+
+    # worker process cost per drain
+    if any(k.startswith("cpu-") for k in e):
+        w("")
+        w("Worker process during the drains (median): CPU cores used (user+system CPU seconds / wall seconds) "
+          "and peak RSS.")
+        w("")
+        w("| drain | " + " | ".join(f"C={c} cores | C={c} MB" for c in args.concurrency) + " |")
+        w("| --- | " + " | ".join("---: | ---:" for _ in args.concurrency) + " |")
+        for kind, label in drains:
+            cells = []
+            for c in args.concurrency:
+                cells += [fmt(e.get(f"cpu-drain-{kind}-{c}"), "x"), fmt(e.get(f"rss-drain-{kind}-{c}"), "MB")]
+            if any(cell != "—" for cell in cells):
+                w(f"| {label} | " + " | ".join(cells) + " |")
+
+    w("")
+    w("### Targets (issue 3)")
+    w("")
+    w("| workload | target | measured | verdict |")
+    w("| --- | --- | ---: | --- |")
+
+    def target(label: str, goal: str, value: float | None, ok: Callable[[float], bool], missing: str = "—",
+               shown: str | None = None) -> None:
+        if value is None:
+            w(f"| {label} | {goal} | {missing} | — |")
+        else:
+            w(f"| {label} | {goal} | {shown or rx(value)} | {'MET' if ok(value) else 'MISSED'} |")
+
+    target("drain, lease + batched completion, C=4", ">= 0.40x the raw batch loop",
+           ratio(m.get("drain-a-4"), m.get("drain-batch-4")), lambda v: v >= 0.40)
+    target("drain, completion in the job's session, C=4", ">= 1.5x the textbook loop",
+           ratio(m.get("drain-b-4"), m.get("drain-textbook-4")), lambda v: v >= 1.5)
+    target("drain, transaction mode in batches, C=4", ">= 3x the textbook loop",
+           ratio(m.get("drain-c-4"), m.get("drain-textbook-4")), lambda v: v >= 3)
+    target("enqueue, one job per transaction", ">= 0.8x a raw psycopg INSERT loop",
+           ratio(m.get("enqueue"), m.get("enqueue-raw")), lambda v: v >= 0.8)
+    target("bulk enqueue", ">= 0.6x raw COPY", ratio(m.get("bulk"), m.get("bulk-copy")), lambda v: v >= 0.6)
+    lat_missing = NA if bench.wanted("latency") and not bench.has_listen else "—"
+    target("latency p50", "<= 2x the raw batch loop's",
+           ratio(m.get("latency-sajq-p50"), m.get("latency-batch-p50")), lambda v: v <= 2, lat_missing)
+    target("latency p99", "<= 3x the raw batch loop's",
+           ratio(m.get("latency-sajq-p99"), m.get("latency-batch-p99")), lambda v: v <= 3, lat_missing)
+    growth = ratio(m.get("rss-total"), m.get("rss-first"))
+    if bench.wanted("rss"):
+        first, total = args.rss_jobs
+        target(f"worker RSS, {total:,} vs {first:,} jobs", "grows < 10%",
+               None if growth is None else growth - 1, lambda v: v < 0.10,
+               shown=None if growth is None else f"{(growth - 1) * 100:+.1f}%")
+    else:
+        target("worker RSS, 100,000 vs 10,000 jobs", "grows < 10%", None, lambda v: True)
+    return "\n".join(out)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=None, help="runs per figure (median); default 3, quick 1")
+    parser.add_argument("--quick", action="store_true", help="smoke mode: small counts, one run (~1 min)")
+    parser.add_argument("--only", default="", help=f"comma list of {', '.join(WORKLOADS)} or 'drain'")
+    parser.add_argument("--jobs", type=int, default=None, help="jobs per drain and bulk enqueue (20,000)")
+    parser.add_argument("--enqueue-jobs", type=int, default=None, help="jobs of the enqueue loops (2,000)")
+    parser.add_argument("--chunk", type=int, default=5_000, help="jobs per bulk-enqueue chunk (5,000)")
+    parser.add_argument("--concurrency", default="1,4,16", help="drain concurrencies (threads), default 1,4,16")
+    parser.add_argument("--latency-jobs", type=int, default=None, help="jobs the producer enqueues (200)")
+    parser.add_argument("--rss-jobs", default=None, help="FIRST,TOTAL job counts of the RSS drain (10000,100000)")
+    parser.add_argument("--batch-size", type=int, default=0, help="pass batch_size to the Worker when supported")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds allowed per drain (600, quick 120)")
+    parser.add_argument("--core", metavar="REV", help="benchmark sa_jobqueue (and its migrations) as committed "
+                        "at git revision REV, from a snapshot, instead of the working tree")
+    parser.add_argument("--profile", metavar="DIR", help="record every sa_jobqueue worker with py-spy (raw "
+                        "collapsed stacks in DIR); slows the workers, so not for the figures")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.runs = args.runs or (1 if quick else 3)
+    args.timeout = args.timeout or (120.0 if quick else 600.0)
+    args.jobs = args.jobs or (1_000 if quick else 20_000)
+    args.enqueue_jobs = args.enqueue_jobs or (300 if quick else 2_000)
+    args.latency_jobs = args.latency_jobs or (50 if quick else 200)
+    args.rss_jobs = [int(n) for n in (args.rss_jobs or ("1000,5000" if quick else "10000,100000")).split(",")]
+    if len(args.rss_jobs) != 2 or not 0 < args.rss_jobs[0] < args.rss_jobs[1]:
+        parser.error("--rss-jobs takes FIRST,TOTAL with 0 < FIRST < TOTAL")
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    only = set()
+    for name in filter(None, (n.strip() for n in args.only.split(","))):
+        if name in GROUPS:
+            only.update(GROUPS[name])
+        elif name in WORKLOADS:
+            only.add(name)
+        else:
+            parser.error(f"--only: unknown workload {name!r}; choose from {', '.join(WORKLOADS)} or drain")
+    args.only = only or set(WORKLOADS)
+    if args.runs < 1 or args.jobs < 1:
+        parser.error("--runs and --jobs must be at least 1")
+    return args
+
+
+def run_snapshot(rev: str, argv: list[str]) -> int:
+    """Run this benchmark again, importing sa_jobqueue from ``git archive REV``."""
+    import shutil
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", rev],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    snapshot = Path(tempfile.mkdtemp(prefix="sajq-core-"))
+    try:
+        archive = subprocess.run(["git", "-C", str(root), "archive", commit, "sa_jobqueue", "alembic", "alembic.ini"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(snapshot)], input=archive, check=True)
+        (snapshot / "COMMIT").write_text(f"{commit} (snapshot of {rev})\n")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(snapshot), os.environ.get("PYTHONPATH")]))}
+        rest = []
+        skip = False
+        for arg in argv:
+            if skip:
+                skip = False
+            elif arg == "--core":
+                skip = True
+            elif not arg.startswith("--core="):
+                rest.append(arg)
+        return subprocess.run([sys.executable, str(Path(__file__).resolve()), *rest], env=env).returncode
+    finally:
+        shutil.rmtree(snapshot, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    try:
+        arguments = parse_args()
+        if arguments.core:
+            sys.exit(run_snapshot(arguments.core, sys.argv[1:]))
+        sys.exit(run(arguments))
+    except BenchmarkError as exc:
+        print(f"\nbenchmark FAILED: {exc}", file=sys.stderr)
+        sys.exit(1)
