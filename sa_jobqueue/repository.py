@@ -156,6 +156,10 @@ class JobRepository(Generic[M]):
             model, sort_by_parameter_order=True
         )
         self._insert_dedupe = statements.insert_jobs(model, dedupe=True).returning(model)
+        self._insert_one = statements.insert_jobs(model, dedupe=False).returning(model)
+        self._insert_one_notify = statements.insert_jobs(model, dedupe=False).returning(
+            model, statements.notify_column(model)
+        )
         self._complete_many = statements.complete_many(model, keep_done=self.keep_done)
         self._notify = statements.notify()
 
@@ -187,7 +191,18 @@ class JobRepository(Generic[M]):
             task=task, payload=payload, queue=queue, priority=priority, run_at=run_at,
             delay=delay, max_attempts=max_attempts, dedupe_key=dedupe_key, extra=extra or {},
         )
-        return self.enqueue_many(session, [spec])[0]
+        if dedupe_key is not None:
+            return self.enqueue_many(session, [spec])[0]
+        # One row: a plain INSERT … RETURNING, with the NOTIFY folded into the
+        # same statement when this transaction has not notified the queue yet.
+        row = to_row(spec, self._user_columns)
+        notify = self.notify and _runnable_now(row) and row["queue"] not in self._notified(session)
+        if not notify:
+            plain: M = session.scalars(self._insert_one, row).one()
+            return plain
+        job: M = session.scalars(self._insert_one_notify, row | {"sajq_channel": self.channel}).one()
+        self._mark_notified(session, [row["queue"]])
+        return job
 
     def enqueue_many(self, session: Session, jobs: Iterable[JobSpec]) -> list[M]:
         """Insert many jobs, one INSERT per group of like rows (batched by
@@ -235,22 +250,26 @@ class JobRepository(Generic[M]):
 
         Future-scheduled jobs send nothing: polling picks them up on time.
         """
-        now = datetime.now(timezone.utc)
-        queues = {
-            row["queue"] for row in rows
-            if not row["delay"] and (row["run_at"] is None or row["run_at"] <= now)
-        }
-        if not queues:
-            return
+        queues = {row["queue"] for row in rows if _runnable_now(row)}
+        fresh = sorted(queues - self._notified(session))
+        if fresh:
+            session.execute(self._notify, {"channel": self.channel, "queues": fresh})
+            self._mark_notified(session, fresh)
+
+    def _notified(self, session: Session) -> set[str]:
+        """The queues of this table already notified in the session's transaction."""
+        seen: tuple[object, set[tuple[str, str]]] | None = session.info.get(_NOTIFIED)
+        if seen is None or seen[0] is not session.get_transaction():
+            return set()
+        return {queue for channel, queue in seen[1] if channel == self.channel}
+
+    def _mark_notified(self, session: Session, queues: Iterable[str]) -> None:
         transaction = session.get_transaction()
         seen: tuple[object, set[tuple[str, str]]] | None = session.info.get(_NOTIFIED)
         if seen is None or seen[0] is not transaction:
             seen = (transaction, set())
             session.info[_NOTIFIED] = seen
-        fresh = sorted(q for q in queues if (self.channel, q) not in seen[1])
-        if fresh:
-            session.execute(self._notify, {"channel": self.channel, "queues": fresh})
-            seen[1].update((self.channel, q) for q in fresh)
+        seen[1].update((self.channel, queue) for queue in queues)
 
     # -- claim and the fenced verbs --------------------------------------
 
@@ -392,6 +411,11 @@ class JobRepository(Generic[M]):
         """Job counts per queue and status, with the oldest runnable job's age."""
         rows = session.execute(statements.stats(self.model)).all()
         return [QueueStats(r.queue, r.status, int(r[2]), r.oldest_runnable_age) for r in rows]
+
+
+def _runnable_now(row: dict[str, Any]) -> bool:
+    """Whether a checked row is runnable at once (no delay, no future run_at)."""
+    return not row["delay"] and (row["run_at"] is None or row["run_at"] <= datetime.now(timezone.utc))
 
 
 def _respec(row: dict[str, Any]) -> JobSpec:

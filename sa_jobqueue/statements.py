@@ -307,6 +307,15 @@ def notify() -> TextClause:
     )
 
 
+def notify_column(model: Any) -> Any:
+    """``pg_notify(:sajq_channel, queue)`` as a RETURNING column of a one-row INSERT.
+
+    Folds the enqueue's NOTIFY into the INSERT's round trip; used for one row
+    only, so it is one NOTIFY per statement, never one per row of a batch.
+    """
+    return func.pg_notify(bindparam("sajq_channel", type_=String()), model.queue).label("notified")
+
+
 def complete_many(model: Any, *, keep_done: bool) -> Update | Delete:
     """Finish many claimed jobs in one statement; returns the ids it finished.
 

@@ -56,6 +56,27 @@ def test_one_notify_per_transaction_and_queue_at_commit(
     assert listen() == [(jobs.channel, "a")]  # a new transaction notifies again
 
 
+def test_a_single_enqueue_folds_its_notify_into_the_insert(
+    sessions: sessionmaker[Session], engine: Engine, listen: Callable[[], list[tuple[str, str]]]
+) -> None:
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, params, context, executemany):  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        with sessions.begin() as session:
+            jobs.enqueue(session, "noop", queue="a")
+            jobs.enqueue(session, "noop", queue="a")
+            jobs.enqueue(session, "noop", queue="b", delay=timedelta(hours=1))
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert len(statements) == 3 and all(s.startswith("INSERT") for s in statements)
+    assert ["pg_notify" in s for s in statements] == [True, False, False]
+    assert listen() == [(jobs.channel, "a")]
+
+
 def test_no_notify_on_rollback_or_when_disabled(
     sessions: sessionmaker[Session], listen: Callable[[], list[tuple[str, str]]]
 ) -> None:
