@@ -10,6 +10,7 @@ import pytest
 from jobapp import EmailJob, Ledger, ReportJob, TaskJob, User, emails, jobs, reports, tasks
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
+from sqllog import recorded_sql
 
 from sa_jobqueue import InvalidArgumentError, JobLostError, JobSpec, ReapResult, RetryPolicy
 from sa_jobqueue.statements import claim as claim_statement
@@ -73,19 +74,8 @@ def test_enqueue_does_not_commit_for_the_caller(sessions: sessionmaker[Session])
 
 
 def test_enqueue_many_in_order_one_statement(sessions: sessionmaker[Session], engine) -> None:  # type: ignore[no-untyped-def]
-    statements: list[str] = []
-
-    from sqlalchemy import event
-
-    def record(conn, cursor, statement, params, context, executemany):  # type: ignore[no-untyped-def]
-        statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        with sessions.begin() as session:
-            created = jobs.enqueue_many(session, [JobSpec("noop", {"i": i}) for i in range(500)])
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+    with recorded_sql(engine) as statements, sessions.begin() as session:
+        created = jobs.enqueue_many(session, [JobSpec("noop", {"i": i}) for i in range(500)])
     assert [job.payload["i"] for job in created] == list(range(500))
     assert len({job.id for job in created}) == 500
     assert len([s for s in statements if s.startswith("INSERT")]) == 1

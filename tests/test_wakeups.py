@@ -10,8 +10,9 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 from jobapp import Ledger, TaskJob, jobs, tasks
-from sqlalchemy import Engine, event, func, select, text
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
+from sqllog import recorded_sql
 
 from sa_jobqueue import JobRepository, JobSpec, Worker
 
@@ -32,25 +33,16 @@ def listen(libpq_url: str) -> Iterator[Callable[[], list[tuple[str, str]]]]:
 def test_one_notify_per_transaction_and_queue_at_commit(
     sessions: sessionmaker[Session], engine: Engine, listen: Callable[[], list[tuple[str, str]]]
 ) -> None:
-    sent: list[str] = []
-
-    def record(conn, cursor, statement, params, context, executemany):  # type: ignore[no-untyped-def]
-        if "pg_notify" in statement:
-            sent.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        with sessions.begin() as session:
-            jobs.enqueue(session, "noop", queue="a")
-            jobs.enqueue(session, "noop", queue="a")
-            jobs.enqueue_many(session, [JobSpec("noop", queue="a"), JobSpec("noop", queue="b")])
-            jobs.enqueue(session, "noop", queue="c", delay=timedelta(hours=1))
-            jobs.enqueue(session, "noop", queue="d", run_at=datetime.now(timezone.utc) + timedelta(hours=1))
-            assert listen() == []  # nothing before commit
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+    with recorded_sql(engine) as statements, sessions.begin() as session:
+        jobs.enqueue(session, "noop", queue="a")
+        jobs.enqueue(session, "noop", queue="a")
+        jobs.enqueue_many(session, [JobSpec("noop", queue="a"), JobSpec("noop", queue="b")])
+        jobs.enqueue(session, "noop", queue="c", delay=timedelta(hours=1))
+        jobs.enqueue(session, "noop", queue="d", run_at=datetime.now(timezone.utc) + timedelta(hours=1))
+        assert listen() == []  # nothing before commit
     assert sorted(listen()) == [(jobs.channel, "a"), (jobs.channel, "b")]
-    assert len(sent) == 2  # 'a' once, then 'b': never again for a notified queue
+    # 'a' once, then 'b': never again for a notified queue.
+    assert len([s for s in statements if "pg_notify" in s]) == 2
     with sessions.begin() as session:
         jobs.enqueue(session, "noop", queue="a")
     assert listen() == [(jobs.channel, "a")]  # a new transaction notifies again
@@ -59,19 +51,10 @@ def test_one_notify_per_transaction_and_queue_at_commit(
 def test_a_single_enqueue_folds_its_notify_into_the_insert(
     sessions: sessionmaker[Session], engine: Engine, listen: Callable[[], list[tuple[str, str]]]
 ) -> None:
-    statements: list[str] = []
-
-    def record(conn, cursor, statement, params, context, executemany):  # type: ignore[no-untyped-def]
-        statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        with sessions.begin() as session:
-            jobs.enqueue(session, "noop", queue="a")
-            jobs.enqueue(session, "noop", queue="a")
-            jobs.enqueue(session, "noop", queue="b", delay=timedelta(hours=1))
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+    with recorded_sql(engine) as statements, sessions.begin() as session:
+        jobs.enqueue(session, "noop", queue="a")
+        jobs.enqueue(session, "noop", queue="a")
+        jobs.enqueue(session, "noop", queue="b", delay=timedelta(hours=1))
     assert len(statements) == 3 and all(s.startswith("INSERT") for s in statements)
     assert ["pg_notify" in s for s in statements] == [True, False, False]
     assert listen() == [(jobs.channel, "a")]

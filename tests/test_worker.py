@@ -10,6 +10,7 @@ import pytest
 from jobapp import Ledger, TaskJob, jobs, tasks
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
+from sqllog import recorded_sql
 
 from sa_jobqueue import InvalidArgumentError, JobSpec, TaskRegistry, Worker
 
@@ -156,25 +157,12 @@ def test_idle_polling_backs_off_with_jitter_up_to_the_poll_interval(engine: Engi
     assert len({round(worker._next_idle_wait(1.0), 6) for _ in range(10)}) > 1
 
 
-def _count_statements(engine: Engine, needle: str) -> tuple[list[str], object]:
-    seen: list[str] = []
-
-    def record(conn, cursor, statement, params, context, executemany):  # type: ignore[no-untyped-def]
-        if needle in statement:
-            seen.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    return seen, record
-
-
 def test_sessionless_handlers_complete_in_batches(engine: Engine, sessions: sessionmaker[Session]) -> None:
     with sessions.begin() as session:
         jobs.enqueue_many(session, [JobSpec("noop") for _ in range(300)])
-    deletes, record = _count_statements(engine, "DELETE FROM task_jobs")
-    try:
+    with recorded_sql(engine) as statements:
         result = _worker(engine, "lease", concurrency=4).run(until_empty=True)
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+    deletes = [s for s in statements if s.startswith("DELETE FROM task_jobs")]
     assert (result.completed, result.lost) == (300, 0)
     assert len(deletes) < 300 / 2  # many completions per statement
     assert all("ANY" in d for d in deletes)
@@ -237,11 +225,9 @@ def test_transaction_mode_runs_a_batch_in_one_commit_and_isolates_failures(
 def test_lease_mode_can_claim_ahead_of_its_threads(engine: Engine, sessions: sessionmaker[Session]) -> None:
     with sessions.begin() as session:
         jobs.enqueue_many(session, [JobSpec("noop") for _ in range(120)])
-    claims, record = _count_statements(engine, "FOR UPDATE SKIP LOCKED")
-    try:
+    with recorded_sql(engine) as statements:
         result = _worker(engine, "lease", concurrency=2, batch_size=50).run(until_empty=True)
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+    claims = [s for s in statements if "FOR UPDATE SKIP LOCKED" in s]
     assert result.completed == 120
     # 120 jobs in claims of up to 50 (plus the reaper's and the last, empty, claim).
     assert len(claims) <= 8
