@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -75,10 +76,17 @@ def test_no_notify_on_rollback_or_when_disabled(
         assert session.scalar(select(func.count()).select_from(TaskJob)) == 1
 
 
-def _run_in_thread(worker: Worker) -> threading.Thread:
+@contextmanager
+def running(worker: Worker) -> Iterator[None]:
+    """Run ``worker`` in a thread for the block; stop it and wait for it after."""
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
-    return thread
+    try:
+        yield
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
 
 
 def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -106,27 +114,19 @@ def test_a_notification_wakes_an_idle_worker_long_before_its_next_poll(
     engine: Engine, sessions: sessionmaker[Session], mode: str
 ) -> None:
     # Polling every 120 s: a job that runs within the 30 s wait was woken by NOTIFY.
-    worker = Worker(engine, jobs, tasks, mode=mode, poll_interval=120)
-    thread = _run_in_thread(worker)
-    try:
+    with running(Worker(engine, jobs, tasks, mode=mode, poll_interval=120)):
         _wait_for(lambda: len(_listeners(sessions)) == 1, 30, "the listener to connect")
         time.sleep(0.3)  # let the worker's first empty poll pass and go idle
         with sessions.begin() as session:
             jobs.enqueue(session, "ledger")
         _wait_for(lambda: _ledger_count(sessions) == 1, 30, "the job to run")
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
     assert _listeners(sessions) == []
 
 
 def test_the_listener_reconnects_after_its_connection_is_killed(
     engine: Engine, sessions: sessionmaker[Session]
 ) -> None:
-    worker = Worker(engine, jobs, tasks, poll_interval=120)
-    thread = _run_in_thread(worker)
-    try:
+    with running(Worker(engine, jobs, tasks, poll_interval=120)):
         _wait_for(lambda: len(_listeners(sessions)) == 1, 30, "the listener to connect")
         [first] = _listeners(sessions)
         with sessions.begin() as session:
@@ -136,22 +136,13 @@ def test_the_listener_reconnects_after_its_connection_is_killed(
         with sessions.begin() as session:
             jobs.enqueue(session, "ledger")
         _wait_for(lambda: _ledger_count(sessions) == 1, 30, "the job to run")
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
 
 
 def test_listen_false_opens_no_listener_and_polling_still_runs_jobs(
     engine: Engine, sessions: sessionmaker[Session]
 ) -> None:
-    worker = Worker(engine, jobs, tasks, poll_interval=0.2, listen=False)
-    thread = _run_in_thread(worker)
-    try:
+    with running(Worker(engine, jobs, tasks, poll_interval=0.2, listen=False)):
         with sessions.begin() as session:
             jobs.enqueue(session, "ledger")
         _wait_for(lambda: _ledger_count(sessions) == 1, 30, "the job to run")
         assert _listeners(sessions) == []
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
