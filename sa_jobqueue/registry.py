@@ -23,6 +23,7 @@ from typing import Any, TypeVar, overload
 from .errors import InvalidArgumentError
 from .mixin import NAME_LENGTH
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from .spec import positive_int
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -85,9 +86,8 @@ class TaskRegistry:
             raise InvalidArgumentError("name", f"task {name!r} is already registered")
         if not callable(handler):
             raise InvalidArgumentError("handler", "must be callable")
-        bad_int = isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-        if max_attempts is not None and bad_int:
-            raise InvalidArgumentError("max_attempts", f"must be a positive integer, got {max_attempts!r}")
+        if max_attempts is not None:
+            positive_int("max_attempts", max_attempts)
         if not isinstance(retry, RetryPolicy):
             raise InvalidArgumentError("retry", "must be a RetryPolicy")
         task = Task(name, handler, _takes_session(handler), retry, max_attempts, bool(batch_complete))

@@ -44,7 +44,7 @@ from .mixin import (
     lease_index_name,
 )
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from .spec import JobSpec, check_aware, check_delay, to_row
+from .spec import JobSpec, check_aware, check_delay, positive_int, to_row
 
 M = TypeVar("M", bound=JobMixin)
 
@@ -116,12 +116,6 @@ def _queues(queues: str | Sequence[str]) -> list[str]:
                 "queues", f"each queue must be a non-empty string of at most {NAME_LENGTH} characters, got {name!r}"
             )
     return result
-
-
-def _positive(parameter: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(parameter, f"must be a positive integer, got {value!r}")
-    return value
 
 
 class JobRepository(Generic[M]):
@@ -290,7 +284,7 @@ class JobRepository(Generic[M]):
         future are not claimable. Fewer than ``limit`` rows does not mean the
         queue is empty (another claimer may hold rows); an empty list does.
         """
-        limit = _positive("limit", limit)
+        limit = positive_int("limit", limit)
         if not isinstance(lease, timedelta) or lease <= timedelta(0):
             raise InvalidArgumentError("lease", f"must be a positive timedelta, got {lease!r}")
         params = {
@@ -336,7 +330,7 @@ class JobRepository(Generic[M]):
         is set. ``error`` is kept in ``last_error``. Fenced.
         """
         if max_attempts is not None:
-            _positive("max_attempts", max_attempts)
+            positive_int("max_attempts", max_attempts)
         at = check_aware("at", at)
         wait = check_delay("delay", delay) if delay is not None else policy.delay(job.attempts)
         params = {
@@ -372,8 +366,8 @@ class JobRepository(Generic[M]):
         """
         limits = dict(task_max_attempts or {})
         for name, value in limits.items():
-            _positive(f"task_max_attempts[{name!r}]", value)
-        params = {"limit": _positive("limit", limit), "task_limits": limits}
+            positive_int(f"task_max_attempts[{name!r}]", value)
+        params = {"limit": positive_int("limit", limit), "task_limits": limits}
         rows = session.execute(self._reap, params, execution_options=_NO_SYNC).all()
         dead = sum(1 for row in rows if row.status == DEAD)
         return ReapResult(requeued=len(rows) - dead, dead=dead)
@@ -403,7 +397,7 @@ class JobRepository(Generic[M]):
         if bad:
             raise InvalidArgumentError("statuses", f"only finished statuses can be purged, not {sorted(bad)}")
         stmt = statements.purge(
-            self.model, statuses=list(statuses), older_than=older_than, limit=_positive("limit", limit)
+            self.model, statuses=list(statuses), older_than=older_than, limit=positive_int("limit", limit)
         )
         return int(session.execute(stmt, execution_options=_NO_SYNC).rowcount)  # type: ignore[attr-defined]
 

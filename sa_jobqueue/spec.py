@@ -67,6 +67,13 @@ def _int(parameter: str, value: object, low: int, high: int) -> int:
     return value
 
 
+def positive_int(parameter: str, value: object) -> int:
+    """Return ``value`` if it is an integer >= 1 (not a bool); raise naming ``parameter``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(parameter, f"must be a positive integer, got {value!r}")
+    return value
+
+
 def check_payload(payload: Any) -> Any:
     """Return the payload if it is strict JSON; raise naming ``payload`` otherwise."""
     try:

@@ -48,6 +48,7 @@ from .execution import READ_COMMITTED, JobRunner
 from .listener import Listener
 from .registry import TaskRegistry
 from .repository import DEFAULT_LEASE, JobRepository, _queues, default_worker_name
+from .spec import positive_int
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -64,12 +65,6 @@ class WorkerResult:
     retried: int = 0
     dead: int = 0
     lost: int = 0
-
-
-def _positive_int(parameter: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(parameter, f"must be a positive integer, got {value!r}")
-    return value
 
 
 class Worker:
@@ -103,7 +98,7 @@ class Worker:
             raise InvalidArgumentError("repositories", "give one or more JobRepository")
         if not isinstance(tasks, TaskRegistry):
             raise InvalidArgumentError("tasks", "must be a TaskRegistry")
-        self.concurrency = _positive_int("concurrency", concurrency)
+        self.concurrency = positive_int("concurrency", concurrency)
         if mode not in ("lease", "transaction"):
             raise InvalidArgumentError("mode", f"must be 'lease' or 'transaction', got {mode!r}")
         if not isinstance(lease, timedelta) or lease <= timedelta(0):
@@ -111,7 +106,7 @@ class Worker:
         if not poll_interval > 0:
             raise InvalidArgumentError("poll_interval", "must be a positive number of seconds")
         if batch_size is not None:
-            _positive_int("batch_size", batch_size)
+            positive_int("batch_size", batch_size)
         engine = self._sessions.kw.get("bind")
         if listen and not isinstance(engine, Engine):
             raise InvalidArgumentError("listen", "needs an Engine, or a sessionmaker bound to one")
