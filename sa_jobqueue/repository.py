@@ -44,6 +44,7 @@ from .mixin import (
     lease_index_name,
 )
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from .snapshot import Snapshots
 from .spec import JobSpec, check_aware, check_delay, positive_int, to_row
 
 M = TypeVar("M", bound=JobMixin)
@@ -139,7 +140,9 @@ class JobRepository(Generic[M]):
         self._user_columns = frozenset(c.key for c in table.columns if c.key not in job_columns)
         # Statements are values: built once, reused with new parameters, so the
         # hot path skips construction and hits SQLAlchemy's compiled cache.
-        self._claim = statements.claim(model)
+        self._snapshots: Snapshots[M] = Snapshots(model, table)
+        returned = self._snapshots.columns
+        self._claim = statements.claim(model).returning(*returned)
         self._complete = statements.complete(model, keep_done=self.keep_done)
         self._fail = statements.fail(model)
         self._heartbeat = statements.heartbeat(model)
@@ -147,12 +150,12 @@ class JobRepository(Generic[M]):
         self._cancel = statements.cancel(model)
         self._retry = statements.retry(model)
         self._insert = statements.insert_jobs(model, dedupe=False).returning(
-            model, sort_by_parameter_order=True
+            *returned, sort_by_parameter_order=True
         )
-        self._insert_dedupe = statements.insert_jobs(model, dedupe=True).returning(model)
-        self._insert_one = statements.insert_jobs(model, dedupe=False).returning(model)
+        self._insert_dedupe = statements.insert_jobs(model, dedupe=True).returning(*returned)
+        self._insert_one = statements.insert_jobs(model, dedupe=False).returning(*returned)
         self._insert_one_notify = statements.insert_jobs(model, dedupe=False).returning(
-            model, statements.notify_column(model)
+            *returned, statements.notify_column(model)
         )
         self._complete_many = statements.complete_many(model, keep_done=self.keep_done)
         self._notify = statements.notify()
@@ -176,7 +179,8 @@ class JobRepository(Generic[M]):
         dedupe_key: str | None = None,
         extra: dict[str, Any] | None = None,
     ) -> M:
-        """Insert one job in the caller's transaction and return it.
+        """Insert one job in the caller's transaction and return it (a
+        detached snapshot of the row as inserted, see :mod:`sa_jobqueue.snapshot`).
 
         With ``dedupe_key``, while a live job of the same queue holds the key,
         that job is returned and nothing is inserted.
@@ -192,15 +196,15 @@ class JobRepository(Generic[M]):
         row = to_row(spec, self._user_columns)
         notify = self.notify and _runnable_now(row) and row["queue"] not in self._notified(session)
         if not notify:
-            plain: M = session.scalars(self._insert_one, row).one()
-            return plain
-        job: M = session.scalars(self._insert_one_notify, row | {"sajq_channel": self.channel}).one()
+            return self._snapshots.one(session.execute(self._insert_one, row).one())
+        inserted = session.execute(self._insert_one_notify, row | {"sajq_channel": self.channel}).one()
         self._mark_notified(session, [row["queue"]])
-        return job
+        return self._snapshots.one(inserted)
 
     def enqueue_many(self, session: Session, jobs: Iterable[JobSpec]) -> list[M]:
         """Insert many jobs, one INSERT per group of like rows (batched by
-        SQLAlchemy's insertmanyvalues), and return them in input order.
+        SQLAlchemy's insertmanyvalues), and return them (detached snapshots)
+        in input order.
 
         Every spec is checked before anything is sent. Rows with a dedupe key
         that a live job holds (or that an earlier row of this call holds)
@@ -214,18 +218,19 @@ class JobRepository(Generic[M]):
         for (dedupe, _), indexes in groups.items():
             params = [rows[i] for i in indexes]
             if not dedupe:
-                for i, job in zip(indexes, session.scalars(self._insert, params).all(), strict=True):
+                inserted_rows = session.execute(self._insert, params).all()
+                for i, job in zip(indexes, self._snapshots.all(inserted_rows), strict=True):
                     result[i] = job
                 continue
-            inserted = session.scalars(self._insert_dedupe, params).all()
+            inserted = self._snapshots.all(session.execute(self._insert_dedupe, params).all())
             by_key = {(job.queue, job.dedupe_key): job for job in inserted}
             wanted = {(row["queue"], row["dedupe_key"]) for row in params} - set(by_key)
             if wanted:
-                existing = session.scalars(
+                existing = self._snapshots.all(session.execute(
                     statements.live_jobs_by_dedupe_key(
-                        self.model, [q for q, _ in wanted], [k for _, k in wanted]
+                        self.model, self._snapshots.columns, [q for q, _ in wanted], [k for _, k in wanted]
                     )
-                ).all()
+                ).all())
                 by_key.update({(job.queue, job.dedupe_key): job for job in existing})
             for i in indexes:
                 found = by_key.get((rows[i]["queue"], rows[i]["dedupe_key"]))
@@ -283,6 +288,7 @@ class JobRepository(Generic[M]):
         claim order (priority, then run_at, then id). Jobs scheduled in the
         future are not claimable. Fewer than ``limit`` rows does not mean the
         queue is empty (another claimer may hold rows); an empty list does.
+        The jobs are detached snapshots (:mod:`sa_jobqueue.snapshot`).
         """
         limit = positive_int("limit", limit)
         if not isinstance(lease, timedelta) or lease <= timedelta(0):
@@ -291,7 +297,7 @@ class JobRepository(Generic[M]):
             "queues": _queues(queues), "limit": limit,
             "worker": worker or default_worker_name(), "lease": lease,
         }
-        jobs = list(session.scalars(self._claim, params, execution_options=_NO_SYNC).all())
+        jobs = self._snapshots.all(session.execute(self._claim, params).all())
         jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
         return jobs
 

@@ -2,10 +2,10 @@
 
 Nothing here runs anything: :mod:`sa_jobqueue.repository` executes these on
 a session it is given, and the tests compile them to check their shape. Each
-function takes the mapped job model. The statements that hand jobs to the
-caller (insert, claim) are ORM-enabled, so ``RETURNING model`` yields
-instances of the user's own class; the others are Core statements on the
-table, which skip the ORM's bulk-DML bookkeeping on the worker's hot path.
+function takes the mapped job model. All are Core statements on the table:
+the ORM's bulk-DML bookkeeping and loading cost more than the statement on
+the hot paths. The verbs that hand jobs back (insert, claim) add the
+snapshot columns to RETURNING (:mod:`sa_jobqueue.snapshot`).
 
 Literal status values (not bound parameters) appear wherever a partial index
 must match: a generic plan of a prepared statement cannot prove that
@@ -64,7 +64,8 @@ def insert_jobs(model: Any, *, dedupe: bool) -> Insert:
     belongs to a live job (``ON CONFLICT DO NOTHING`` on the partial unique
     index); the caller then looks those jobs up.
     """
-    stmt = insert(model).values(
+    t: Table = model.__table__
+    stmt = insert(t).values(
         run_at=func.coalesce(
             bindparam("run_at", type_=DateTime(timezone=True)),
             func.now() + bindparam("delay", type_=Interval()),
@@ -77,12 +78,15 @@ def insert_jobs(model: Any, *, dedupe: bool) -> Insert:
     return stmt
 
 
-def live_jobs_by_dedupe_key(model: Any, queues: Sequence[str], keys: Sequence[str]) -> Select[Any]:
+def live_jobs_by_dedupe_key(
+    model: Any, columns: Sequence[Any], queues: Sequence[str], keys: Sequence[str]
+) -> Select[Any]:
     """The live jobs holding any of the given ``(queue, dedupe_key)`` pairs (a superset)."""
-    return select(model).where(
-        model.queue.in_(set(queues)),
-        model.dedupe_key.in_(set(keys)),
-        model.status.in_((PENDING, RUNNING)),
+    t: Table = model.__table__
+    return select(*columns).where(
+        t.c.queue.in_(set(queues)),
+        t.c.dedupe_key.in_(set(keys)),
+        t.c.status.in_((PENDING, RUNNING)),
     )
 
 
@@ -98,31 +102,32 @@ def claim(model: Any) -> Update:
     index's predicate and order.
 
     Parameters: ``queues`` (list), ``limit``, ``worker``, ``lease`` (timedelta).
+    The caller adds the columns it wants to RETURNING.
     """
+    t: Table = model.__table__
     picked = (
-        select(model.id)
+        select(t.c.id)
         .where(
-            model.status == _PENDING,
-            model.queue == any_(bindparam("queues", type_=ARRAY(String))),
-            model.run_at <= func.now(),
+            t.c.status == _PENDING,
+            t.c.queue == any_(bindparam("queues", type_=ARRAY(String))),
+            t.c.run_at <= func.now(),
         )
-        .order_by(model.priority, model.run_at, model.id)
+        .order_by(t.c.priority, t.c.run_at, t.c.id)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
         .cte("picked")
     )
     return (
-        update(model)
-        .where(model.id == picked.c.id)
+        update(t)
+        .where(t.c.id == picked.c.id)
         .values(
             status=RUNNING,
-            attempts=model.attempts + 1,
+            attempts=t.c.attempts + 1,
             locked_at=func.now(),
             locked_by=bindparam("worker"),
             lease_expires_at=func.now() + bindparam("lease", type_=Interval()),
             lock_token=func.gen_random_uuid(),
         )
-        .returning(model)
     )
 
 
@@ -313,7 +318,8 @@ def notify_column(model: Any) -> Any:
     Folds the enqueue's NOTIFY into the INSERT's round trip; used for one row
     only, so it is one NOTIFY per statement, never one per row of a batch.
     """
-    return func.pg_notify(bindparam("sajq_channel", type_=String()), model.queue).label("notified")
+    t: Table = model.__table__
+    return func.pg_notify(bindparam("sajq_channel", type_=String()), t.c.queue).label("notified")
 
 
 def complete_many(model: Any, *, keep_done: bool) -> Update | Delete:

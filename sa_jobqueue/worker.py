@@ -34,7 +34,6 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -48,6 +47,7 @@ from .execution import READ_COMMITTED, JobRunner
 from .listener import Listener
 from .registry import TaskRegistry
 from .repository import DEFAULT_LEASE, JobRepository, _queues, default_worker_name
+from .slots import Slots
 from .spec import positive_int
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -124,6 +124,7 @@ class Worker:
         # Lease mode may claim ahead of its threads (batch_size > concurrency):
         # claimed jobs wait in the pool's queue, their leases extended.
         self._capacity = max(concurrency, batch_size or 0) if mode == "lease" else concurrency
+        self._low_water = max(self.concurrency - 1, self._capacity // 2)
         self.name = name or default_worker_name()
         self.result = WorkerResult()
         self._task_limits = {t.name: t.max_attempts for t in tasks if t.max_attempts is not None}
@@ -155,10 +156,11 @@ class Worker:
         always finished, and buffered completions written, before it returns."""
         restore = self._install_signal_handlers()
         listener = self._listener = self._start_listener() if self.listen and not until_empty else None
+        slots = Slots(self.concurrency, name="sa_jobqueue", on_done=self._slot_done)
         try:
-            with ThreadPoolExecutor(self.concurrency, thread_name_prefix="sa_jobqueue") as pool:
-                self._loop(pool, until_empty)
+            self._loop(slots, until_empty)
         finally:
+            slots.close()
             if listener is not None:
                 listener.stop()
                 self._listener = None
@@ -167,8 +169,7 @@ class Worker:
 
     # -- the loop --------------------------------------------------------
 
-    def _loop(self, pool: ThreadPoolExecutor, until_empty: bool) -> None:
-        inflight: set[Future[Any]] = set()
+    def _loop(self, slots: Slots, until_empty: bool) -> None:
         idle_wait = 0.0
         next_reap = time.monotonic()
         next_heartbeat = next_reap if self.mode == "lease" else float("inf")
@@ -183,19 +184,23 @@ class Worker:
             if now >= next_heartbeat:
                 self._heartbeat()
                 next_heartbeat = now + self.heartbeat_interval
-            ran, empty = self._collect(inflight)
+            ran, empty = slots.take_results()
             if self._completions.due():
                 self._flush_completions()
             if self._take_notification():
                 found = True
-            free = self._capacity - len(inflight)
+            inflight = len(slots)
+            free = self._capacity - inflight
             if self.mode == "lease":
-                if free > 0:
+                # Refill at the low-water mark: while a thread is free, or once
+                # half of a claim-ahead backlog is done. Topping up one job per
+                # completion would turn one claim of 100 into 100 claims of 1.
+                if free > 0 and inflight <= self._low_water:
                     claimed = self._claim(min(free, self.batch_size or free))
                     for repo, job in claimed:
                         with self._lock:
                             self._running[job.lock_token] = (repo, job)
-                        self._submit(pool, inflight, self._runner.run_leased, repo, job)
+                        slots.submit(self._runner.run_leased, repo, job)
                     if claimed:
                         found, idle_wait = True, 0.0
                         if len(claimed) < free:
@@ -221,7 +226,7 @@ class Worker:
                     # While idle, one probe at a time, once the idle wait is over.
                     probes = 1 if not inflight and time.monotonic() >= next_probe else 0
                 for _ in range(probes):
-                    self._submit(pool, inflight, self._runner.run_transaction_batch)
+                    slots.submit(self._runner.run_transaction_batch)
             if self.mode == "lease" and until_empty and not found and not inflight and not len(self._completions):
                 break
             if found or (self.mode == "transaction" and inflight):
@@ -229,18 +234,17 @@ class Worker:
             else:
                 timeout = next_probe - time.monotonic()
             self._wake.wait(self._sleep_for(timeout, next_heartbeat, next_reap))
-        while inflight:
+        while len(slots):
             self._wake.wait(self.poll_interval)
             self._wake.clear()
-            self._collect(inflight)
             if self._completions.due():
                 self._flush_completions()
         self._flush_completions(final=True)
 
-    def _submit(self, pool: ThreadPoolExecutor, inflight: set[Future[Any]], fn: Any, *args: Any) -> None:
-        future = pool.submit(fn, *args)
-        future.add_done_callback(lambda _: self._wake.set())
-        inflight.add(future)
+    def _slot_done(self, active: int) -> None:
+        """A slot finished a call: wake the loop when it may claim again."""
+        if active <= self._low_water:
+            self._wake.set()
 
     def _sleep_for(self, wait: float, *deadlines: float) -> float:
         flush_at = self._completions.deadline()
@@ -255,21 +259,6 @@ class Worker:
         # many idle workers do not poll in step.
         base = min(self.poll_interval, max(0.05, previous * 2))
         return base * random.uniform(0.75, 1.25)
-
-    def _collect(self, inflight: set[Future[Any]]) -> tuple[int, int]:
-        """Retire finished futures; return how many ran a job and how many found none."""
-        ran = empty = 0
-        for future in [f for f in inflight if f.done()]:
-            inflight.discard(future)
-            try:
-                if future.result():
-                    ran += 1
-                else:
-                    empty += 1
-            except Exception:  # a database error outside a handler: keep going
-                log.exception("worker %s: job slot failed", self.name)
-                empty += 1
-        return ran, empty
 
     # -- wake-ups ----------------------------------------------------------
 
