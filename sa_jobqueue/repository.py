@@ -29,7 +29,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Session
 
-from . import statements
+from . import bulk, statements
 from .errors import InvalidArgumentError, JobLostError, JobTableError
 from .listener import channel_name
 from .mixin import (
@@ -159,6 +159,7 @@ class JobRepository(Generic[M]):
         )
         self._complete_many = statements.complete_many(model, keep_done=self.keep_done)
         self._notify = statements.notify()
+        self._sequence: str | None = None  # the id sequence, read at the first COPY
 
     def __repr__(self) -> str:
         return f"JobRepository({self.model.__name__})"
@@ -218,6 +219,11 @@ class JobRepository(Generic[M]):
         for (dedupe, _), indexes in groups.items():
             params = [rows[i] for i in indexes]
             if not dedupe:
+                copied = self._copy(session, params)
+                if copied is not None:
+                    for i, job in zip(indexes, copied, strict=True):
+                        result[i] = job
+                    continue
                 inserted_rows = session.execute(self._insert, params).all()
                 for i, job in zip(indexes, self._snapshots.all(inserted_rows), strict=True):
                     result[i] = job
@@ -243,6 +249,18 @@ class JobRepository(Generic[M]):
         if self.notify:
             self._notify_once(session, rows)
         return [job for job in result if job is not None]
+
+    def _copy(self, session: Session, rows: list[dict[str, Any]]) -> list[M] | None:
+        """COPY plain rows when COPY can stand in for the INSERT (see :mod:`sa_jobqueue.bulk`)."""
+        if len(rows) < bulk.COPY_THRESHOLD or self._user_columns:
+            return None
+        conn = bulk.driver_connection(session)
+        if conn is None:
+            return None
+        if self._sequence is None:
+            self._sequence = bulk.sequence_of(session, self.table)
+        stored = bulk.copy_rows(session, conn, self.table, self._sequence, rows)
+        return [self._snapshots.of(values) for values in stored]
 
     def _notify_once(self, session: Session, rows: list[dict[str, Any]]) -> None:
         """NOTIFY the queues of runnable rows not yet notified in this transaction.

@@ -63,6 +63,13 @@ class Snapshots(Generic[M]):
         instance_state(job).key = self._identity((row[self._id_at],))
         return job
 
+    def of(self, values: dict[str, Any]) -> M:
+        """A snapshot from a mapping of attribute name to value (every column)."""
+        job: M = self._new()
+        instance_dict(job).update(values)
+        instance_state(job).key = self._identity((values[self.keys[self._id_at]],))
+        return job
+
     def all(self, rows: Iterable[Sequence[Any]]) -> list[M]:
         """Snapshots of rows of :attr:`columns`, in the rows' order."""
         return [self.one(row) for row in rows]
