@@ -33,7 +33,8 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -111,6 +112,14 @@ class Worker:
         if listen and not isinstance(engine, Engine):
             raise InvalidArgumentError("listen", "needs an Engine, or a sessionmaker bound to one")
         self._url = engine.url if isinstance(engine, Engine) else None
+        # Claims, heartbeats, reaps and batched completions are one statement
+        # each: in autocommit they cost one round trip instead of three
+        # (BEGIN, the statement, COMMIT), and one statement is atomic anyway.
+        # A sessionmaker without one engine (binds per table) keeps its own.
+        self._control: sessionmaker[Session] | None = (
+            sessionmaker(engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False)
+            if isinstance(engine, Engine) else None
+        )
         self.repositories = repos
         self.tasks = tasks
         self.queues = _queues(queues)
@@ -291,24 +300,27 @@ class Worker:
     def _claim(self, free: int) -> list[tuple[JobRepository[Any], Any]]:
         claimed: list[tuple[JobRepository[Any], Any]] = []
         try:
-            with self._sessions() as session:
-                for repo in self._rotation():
-                    if free <= 0:
-                        break
-                    with session.begin():
-                        session.connection(execution_options=READ_COMMITTED)
-                        jobs = repo.claim(
-                            session, queues=self.queues, limit=free, worker=self.name, lease=self.lease
-                        )
-                        # Detach before commit so that expire_on_commit cannot
-                        # unload them: the handler reads them in another session.
-                        session.expunge_all()
-                    claimed.extend((repo, job) for job in jobs)
-                    free -= len(jobs)
+            for repo in self._rotation():
+                if free <= 0:
+                    break
+                with self._control_transaction() as session:
+                    jobs = repo.claim(session, queues=self.queues, limit=free, worker=self.name, lease=self.lease)
+                claimed.extend((repo, job) for job in jobs)  # committed: ours now
+                free -= len(jobs)
         except Exception:
             log.exception("worker %s: claim failed; retrying after a pause", self.name)
             self._stopping.wait(self.poll_interval)
         return claimed
+
+    @contextmanager
+    def _control_transaction(self) -> Iterator[Session]:
+        """A transaction for one of the worker's own statements: autocommit
+        when the worker knows its engine (see __init__), else a READ
+        COMMITTED transaction of the app's sessionmaker."""
+        with (self._control or self._sessions)() as session, session.begin():
+            if self._control is None:
+                session.connection(execution_options=READ_COMMITTED)
+            yield session
 
     def _rotation(self) -> list[JobRepository[Any]]:
         """The repositories, starting one further each call, so that a busy
@@ -326,8 +338,7 @@ class Worker:
             if not jobs:
                 continue
             try:
-                with self._sessions() as session, session.begin():
-                    session.connection(execution_options=READ_COMMITTED)
+                with self._control_transaction() as session:
                     owned = repo.heartbeat(session, jobs, lease=self.lease)
             except Exception:
                 log.exception("worker %s: heartbeat failed", self.name)
@@ -343,8 +354,7 @@ class Worker:
     def _reap(self) -> None:
         for repo in self.repositories:
             try:
-                with self._sessions() as session, session.begin():
-                    session.connection(execution_options=READ_COMMITTED)
+                with self._control_transaction() as session:
                     reaped = repo.reap(session, task_max_attempts=self._task_limits)
                 if reaped.requeued or reaped.dead:
                     log.warning(
@@ -362,8 +372,7 @@ class Worker:
             if not entries:
                 return
             try:
-                with self._sessions() as session, session.begin():
-                    session.connection(execution_options=READ_COMMITTED)
+                with self._control_transaction() as session:
                     done = {
                         repo: repo.complete_many(session, [job for r, job in entries if r is repo])
                         for repo in {r for r, _ in entries}
