@@ -3,8 +3,10 @@
 A handler that takes no session writes nothing in the job's transaction, so
 its completion need not be a transaction of its own either. The worker
 buffers such completions and writes them as one fenced statement per flush
-(:meth:`JobRepository.complete_many`): when ``max_size`` are waiting, or
-``max_delay`` after the first one, and always before the worker stops. A job
+(:meth:`JobRepository.complete_many`): when ``max_size`` are waiting (the
+slot thread that fills the buffer writes it, so the worker's loop keeps
+claiming meanwhile), or ``max_delay`` after the first one (the loop writes
+it), and always before the worker stops. A job
 counts as completed only once its flush has committed; until then it stays
 in the worker's running set, so its lease is still extended.
 """
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 Entry = tuple[Any, Any]  # (repository, job)
@@ -22,22 +23,20 @@ Entry = tuple[Any, Any]  # (repository, job)
 class CompletionBuffer:
     """Thread-safe buffer of (repository, job) awaiting their fenced completion."""
 
-    def __init__(self, *, max_size: int = 100, max_delay: float = 0.005, on_full: Callable[[], None]) -> None:
+    def __init__(self, *, max_size: int = 100, max_delay: float = 0.005) -> None:
         self.max_size = max_size
         self.max_delay = max_delay
-        self._on_full = on_full
         self._lock = threading.Lock()
         self._entries: list[Entry] = []
         self._first_at = 0.0
 
-    def add(self, repo: Any, job: Any) -> None:
+    def add(self, repo: Any, job: Any) -> bool:
+        """Buffer a completion; return True when the buffer is now full (the caller flushes it)."""
         with self._lock:
             if not self._entries:
                 self._first_at = time.monotonic()
             self._entries.append((repo, job))
-            full = len(self._entries) >= self.max_size
-        if full:
-            self._on_full()
+            return len(self._entries) >= self.max_size
 
     def __len__(self) -> int:
         with self._lock:

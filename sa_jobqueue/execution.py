@@ -71,7 +71,8 @@ class JobRunner:
             except BaseException as exc:  # SystemExit from a handler is a failure too
                 self._record_failure(repo, job, task, exc)
                 return False
-            worker._completions.add(repo, job)
+            if worker._completions.add(repo, job):
+                worker._flush_completions()
             return True
         with worker._sessions() as session:
             try:

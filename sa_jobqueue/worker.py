@@ -145,7 +145,7 @@ class Worker:
         self._turn = 0
         self._notified = False
         self._listener: Listener | None = None
-        self._completions = CompletionBuffer(on_full=self._wake.set)
+        self._completions = CompletionBuffer()
         self._runner = JobRunner(self)
         # Jobs whose lease this worker extends, by lock token (lease mode). A
         # job leaves before its finishing statement, so a heartbeat never
@@ -366,29 +366,33 @@ class Worker:
                 log.exception("worker %s: reap failed", self.name)
 
     def _flush_completions(self, *, final: bool = False) -> None:
-        """Write buffered completions, one fenced statement per table."""
+        """Write buffered completions, one fenced statement (and transaction) per table.
+
+        Called by the loop when the oldest is due, by the slot thread that
+        fills the buffer, and at shutdown (``final``: retried with backoff).
+        """
         for attempt in range(5 if final else 1):
             entries = self._completions.take()
             if not entries:
                 return
-            try:
-                with self._control_transaction() as session:
-                    done = {
-                        repo: repo.complete_many(session, [job for r, job in entries if r is repo])
-                        for repo in {r for r, _ in entries}
-                    }
-            except Exception:
-                log.exception("worker %s: writing %s completions failed", self.name, len(entries))
-                self._completions.put_back(entries)
-                self._stopping.wait(min(self.poll_interval, 0.2 * 2**attempt) if final else 0)
-                continue
-            for repo, job in entries:
-                self._finishing(job)
-                if job.id in done[repo]:
-                    self._count("completed")
-                else:
-                    log.warning("worker %s: job %s finished after its lease was lost", self.name, job.id)
-                    self._count("lost")
+            for repo in {r for r, _ in entries}:
+                mine = [(r, job) for r, job in entries if r is repo]
+                try:
+                    with self._control_transaction() as session:
+                        done = repo.complete_many(session, [job for _, job in mine])
+                except Exception:
+                    log.exception("worker %s: writing %s completions failed", self.name, len(mine))
+                    self._completions.put_back(mine)
+                    continue
+                for _, job in mine:
+                    self._finishing(job)
+                    if job.id in done:
+                        self._count("completed")
+                    else:
+                        log.warning("worker %s: job %s finished after its lease was lost", self.name, job.id)
+                        self._count("lost")
+            if final and len(self._completions):
+                time.sleep(min(self.poll_interval, 0.2 * 2**attempt))  # stop() may be set: sleep
         if final and len(self._completions):
             log.error("worker %s: %s completions could not be written; their leases will expire "
                       "and the jobs run again", self.name, len(self._completions))
