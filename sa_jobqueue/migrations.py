@@ -22,16 +22,23 @@ written by hand:
   what the renamed model declares and ``alembic check`` stays clean.
 
 Each helper validates its arguments before emitting anything and raises
-:class:`~sa_jobqueue.errors.InvalidArgumentError` on a bad one. Nothing here
-does I/O at import.
+:class:`~sa_jobqueue.errors.InvalidArgumentError` naming the bad one: names
+must be plain identifiers (so nothing a caller passes can change the
+statement's meaning), values finite numbers, booleans or single words. Run
+online, a helper also looks the table up in the catalog first (a read), so an
+unknown table is reported as such and nothing is altered; offline (``--sql``)
+there is no database to ask. Nothing here does I/O at import.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TypeAlias
+
+from sqlalchemy import text
 
 from alembic import op
 
@@ -110,10 +117,20 @@ def _qualified(name: str, schema: str | None) -> str:
     return _quote(name) if schema is None else f"{_quote(schema)}.{_quote(name)}"
 
 
+_INT32 = 2**31
+
+
 def _render_value(name: str, value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        # Every integer storage parameter is a 4-byte integer.
+        if not -_INT32 <= value < _INT32:
+            raise InvalidArgumentError(name, f"{value} is out of range for a storage parameter")
+        return repr(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidArgumentError(name, f"must be a finite number, got {value!r}")
         return repr(value)
     if isinstance(value, str) and _WORD.match(value):
         return value
@@ -122,10 +139,39 @@ def _render_value(name: str, value: object) -> str:
     )
 
 
-def _check_parameter(name: str) -> str:
-    if not _PARAMETER.match(name):
-        raise InvalidArgumentError(name, "is not a storage parameter name")
+def _check_parameter(name: object, parameter: str | None = None) -> str:
+    """A storage parameter name; the error names ``parameter`` (default: the name itself)."""
+    if not isinstance(name, str) or not _PARAMETER.match(name):
+        shown = repr(name)[:80]
+        raise InvalidArgumentError(parameter or str(name)[:80], f"{shown} is not a storage parameter name")
     return name
+
+
+def _relkind(name: str, schema: str | None) -> str | None:
+    """Online: the pg_class relkind of ``name`` (None when absent). Offline: "?"."""
+    context = op.get_context()
+    if context.as_sql:
+        return "?"
+    row = op.get_bind().execute(
+        text("SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = to_regclass(:name)"),
+        {"name": _qualified(name, schema)},
+    ).first()
+    return None if row is None else str(row[0])
+
+
+def _require_table(parameter: str, name: str, schema: str | None) -> None:
+    kind = _relkind(name, schema)
+    where = f"schema {schema!r}" if schema is not None else "the search path"
+    if kind is None:
+        raise InvalidArgumentError(parameter, f"no table {name!r} in {where}")
+    if kind not in ("r", "p", "?"):
+        raise InvalidArgumentError(parameter, f"{name!r} in {where} is not a table (relkind {kind!r})")
+
+
+def _require_absent(parameter: str, name: str, schema: str | None) -> None:
+    if _relkind(name, schema) not in (None, "?"):
+        where = f"schema {schema!r}" if schema is not None else "the search path"
+        raise InvalidArgumentError(parameter, f"a relation named {name!r} already exists in {where}")
 
 
 def queue_storage(**overrides: StorageValue | None) -> dict[str, StorageValue]:
@@ -155,6 +201,7 @@ def set_queue_storage(
     settings = ", ".join(
         f"{_check_parameter(k)} = {_render_value(k, v)}" for k, v in parameters.items()
     )
+    _require_table("table_name", table, schema)
     op.execute(f"ALTER TABLE {_qualified(table, schema)} SET ({settings})")
 
 
@@ -170,7 +217,8 @@ def reset_queue_storage(
     table = _check_name("table_name", table_name)
     schema = _check_schema(schema)
     names = parameters or tuple(QUEUE_STORAGE)
-    listed = ", ".join(_check_parameter(p) for p in names)
+    listed = ", ".join(_check_parameter(p, "parameters") for p in names)
+    _require_table("table_name", table, schema)
     op.execute(f"ALTER TABLE {_qualified(table, schema)} RESET ({listed})")
 
 
@@ -229,6 +277,8 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
             f"PostgreSQL's {MAX_IDENTIFIER_BYTES} bytes (keep table names to "
             f"{MAX_TABLE_NAME_BYTES} bytes)",
         )
+    _require_table("old", old, schema)
+    _require_absent("new", new, schema)
     before, after = derived_names(old), derived_names(new)
 
     op.rename_table(old, new, schema=schema)

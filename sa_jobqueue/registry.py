@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from .errors import InvalidArgumentError
-from .mixin import NAME_LENGTH
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from .spec import positive_int
+from .spec import check_bool, check_name, positive_int
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -44,6 +43,10 @@ class Task:
     max_attempts: int | None = None
     batch_complete: bool = True
 
+    def __post_init__(self) -> None:
+        _check_task(self.name, self.handler, self.retry, self.max_attempts, self.batch_complete)
+        check_bool("takes_session", self.takes_session)
+
     @property
     def completes_in_batch(self) -> bool:
         return self.batch_complete and not self.takes_session
@@ -54,9 +57,29 @@ class Task:
         return self.handler(job)
 
 
+def _check_task(
+    name: object, handler: object, retry: object, max_attempts: object, batch_complete: object
+) -> None:
+    """The options of a task, each checked; raise naming the first bad one."""
+    check_name("name", name)
+    if not callable(handler):
+        raise InvalidArgumentError("handler", "must be callable")
+    if not isinstance(retry, RetryPolicy):
+        raise InvalidArgumentError("retry", f"must be a RetryPolicy, got {type(retry).__name__}")
+    if max_attempts is not None:
+        positive_int("max_attempts", max_attempts)
+    check_bool("batch_complete", batch_complete)
+
+
 def _takes_session(handler: Handler) -> bool:
+    try:
+        signature = inspect.signature(handler)
+    except (ValueError, TypeError):
+        raise InvalidArgumentError(
+            "handler", "has no signature Python can inspect; wrap it in a def taking (job) or (job, session)"
+        ) from None
     params = [
-        p for p in inspect.signature(handler).parameters.values()
+        p for p in signature.parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
     ]
     if not params:
@@ -79,18 +102,17 @@ class TaskRegistry:
         max_attempts: int | None = None,
         batch_complete: bool = True,
     ) -> Task:
-        """Register ``handler`` for ``name``; a name can be registered once."""
-        if not isinstance(name, str) or not name.strip() or len(name) > NAME_LENGTH:
-            raise InvalidArgumentError("name", f"must be a non-empty string of at most {NAME_LENGTH} characters")
+        """Register ``handler`` for ``name``; a name can be registered once.
+
+        ``name`` is any non-blank string of at most 128 characters without NUL
+        or lone surrogates (it is stored in the jobs' ``task`` column);
+        ``batch_complete`` must be a bool. Raises :class:`InvalidArgumentError`
+        naming the bad option.
+        """
+        _check_task(name, handler, retry, max_attempts, batch_complete)
         if name in self._tasks:
             raise InvalidArgumentError("name", f"task {name!r} is already registered")
-        if not callable(handler):
-            raise InvalidArgumentError("handler", "must be callable")
-        if max_attempts is not None:
-            positive_int("max_attempts", max_attempts)
-        if not isinstance(retry, RetryPolicy):
-            raise InvalidArgumentError("retry", "must be a RetryPolicy")
-        task = Task(name, handler, _takes_session(handler), retry, max_attempts, bool(batch_complete))
+        task = Task(name, handler, _takes_session(handler), retry, max_attempts, batch_complete)
         self._tasks[name] = task
         return task
 
@@ -121,7 +143,7 @@ class TaskRegistry:
 
         def decorate(handler: F) -> F:
             self.register(
-                name or handler.__name__, handler, retry=retry, max_attempts=max_attempts,
+                handler.__name__ if name is None else name, handler, retry=retry, max_attempts=max_attempts,
                 batch_complete=batch_complete,
             )
             return handler
@@ -129,10 +151,10 @@ class TaskRegistry:
         return decorate
 
     def get(self, name: str) -> Task | None:
-        return self._tasks.get(name)
+        return self._tasks.get(name) if isinstance(name, str) else None
 
     def __contains__(self, name: object) -> bool:
-        return name in self._tasks
+        return isinstance(name, str) and name in self._tasks
 
     def __iter__(self) -> Iterator[Task]:
         return iter(self._tasks.values())

@@ -7,17 +7,45 @@ failed together do not all come back in the same instant.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from datetime import timedelta
 
 from .errors import InvalidArgumentError
+from .spec import SCHEDULE_HORIZON
+
+
+def _real(parameter: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(parameter, f"must be a number, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgumentError(parameter, f"must be finite, got {value}")
+    return float(value)
+
+
+def _duration(parameter: str, value: object) -> timedelta:
+    if not isinstance(value, timedelta):
+        raise InvalidArgumentError(parameter, f"must be a timedelta, got {type(value).__name__}")
+    if value < timedelta(0):
+        raise InvalidArgumentError(parameter, "must not be negative")
+    if value > SCHEDULE_HORIZON:
+        # The database adds the delay to now(); beyond this the retry time
+        # could not be read back as a Python datetime.
+        raise InvalidArgumentError(parameter, f"must be at most {SCHEDULE_HORIZON.days} days (100 years)")
+    return value
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """Exponential backoff with jitter. The defaults suit remote calls:
-    15 s, 30 s, 1 min, 2 min … capped at one day."""
+    15 s, 30 s, 1 min, 2 min … capped at one day.
+
+    ``base`` and ``max_delay`` are timedeltas from zero to 100 years,
+    ``factor`` a finite number of at least 1, ``jitter`` a fraction in
+    [0, 1); anything else raises :class:`InvalidArgumentError` naming it, so
+    a policy can always compute a delay the database accepts.
+    """
 
     base: timedelta = timedelta(seconds=15)
     factor: float = 2.0
@@ -25,13 +53,12 @@ class RetryPolicy:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.base < timedelta(0):
-            raise InvalidArgumentError("base", "must not be negative")
-        if self.factor < 1:
+        _duration("base", self.base)
+        if _real("factor", self.factor) < 1:
             raise InvalidArgumentError("factor", "must be at least 1")
-        if self.max_delay < self.base:
+        if _duration("max_delay", self.max_delay) < self.base:
             raise InvalidArgumentError("max_delay", "must be at least base")
-        if not 0 <= self.jitter < 1:
+        if not 0 <= _real("jitter", self.jitter) < 1:
             raise InvalidArgumentError("jitter", "must be in [0, 1)")
 
     def delay(self, attempt: int) -> timedelta:
@@ -39,8 +66,14 @@ class RetryPolicy:
         exponent = max(attempt - 1, 0)
         seconds = self.base.total_seconds()
         cap = self.max_delay.total_seconds()
-        # Compare in log space first so a large attempt count cannot overflow.
-        raw = cap if exponent > 64 else min(cap, seconds * self.factor**exponent)
+        # Compare in log space: factor ** exponent overflows a float long
+        # before the attempts run out (1e10 ** 31 does).
+        if seconds <= 0:
+            raw = 0.0
+        elif exponent * math.log(self.factor) >= math.log(cap / seconds):
+            raw = cap
+        else:
+            raw = min(cap, seconds * self.factor**exponent)
         spread = raw * self.jitter
         return timedelta(seconds=max(0.0, raw + random.uniform(-spread, spread)))
 
