@@ -30,13 +30,12 @@ from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Session
 
 from . import bulk, statements
-from .errors import InvalidArgumentError, JobLostError, JobTableError
+from .errors import JobLostError, JobTableError
 from .listener import channel_name
 from .mixin import (
     DEAD,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
-    NAME_LENGTH,
     STATUSES,
     JobMixin,
     claim_index_name,
@@ -45,7 +44,27 @@ from .mixin import (
 )
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from .snapshot import Snapshots
-from .spec import JobSpec, check_aware, check_delay, positive_int, to_row
+from .spec import (
+    JobSpec,
+    check_aware,
+    check_bool,
+    check_claimed,
+    check_claimed_many,
+    check_delay,
+    check_job_id,
+    check_lease,
+    check_older_than,
+    check_policy,
+    check_queues,
+    check_session,
+    check_specs,
+    check_statuses,
+    check_task_limits,
+    check_worker_name,
+    clean_error,
+    positive_int,
+    to_row,
+)
 
 M = TypeVar("M", bound=JobMixin)
 
@@ -103,20 +122,6 @@ def _job_table_or_raise(model: Any) -> Any:
             "return (*job_table_args(cls.__tablename__), ...)`"
         )
     return table
-
-
-def _queues(queues: str | Sequence[str]) -> list[str]:
-    if isinstance(queues, str):
-        queues = [queues]
-    result = list(queues)
-    if not result:
-        raise InvalidArgumentError("queues", "name at least one queue")
-    for name in result:
-        if not isinstance(name, str) or not name.strip() or len(name) > NAME_LENGTH:
-            raise InvalidArgumentError(
-                "queues", f"each queue must be a non-empty string of at most {NAME_LENGTH} characters, got {name!r}"
-            )
-    return result
 
 
 class JobRepository(Generic[M]):
@@ -186,6 +191,7 @@ class JobRepository(Generic[M]):
         With ``dedupe_key``, while a live job of the same queue holds the key,
         that job is returned and nothing is inserted.
         """
+        check_session(session)
         spec = JobSpec(
             task=task, payload=payload, queue=queue, priority=priority, run_at=run_at,
             delay=delay, max_attempts=max_attempts, dedupe_key=dedupe_key, extra=extra or {},
@@ -211,7 +217,8 @@ class JobRepository(Generic[M]):
         that a live job holds (or that an earlier row of this call holds)
         come back as that job.
         """
-        rows = [to_row(spec, self._user_columns) for spec in jobs]
+        check_session(session)
+        rows = [to_row(spec, self._user_columns) for spec in check_specs(jobs)]
         result: list[M | None] = [None] * len(rows)
         groups: dict[tuple[bool, frozenset[str]], list[int]] = defaultdict(list)
         for index, row in enumerate(rows):
@@ -308,11 +315,12 @@ class JobRepository(Generic[M]):
         queue is empty (another claimer may hold rows); an empty list does.
         The jobs are detached snapshots (:mod:`sa_jobqueue.snapshot`).
         """
+        check_session(session)
         limit = positive_int("limit", limit)
-        if not isinstance(lease, timedelta) or lease <= timedelta(0):
-            raise InvalidArgumentError("lease", f"must be a positive timedelta, got {lease!r}")
+        lease = check_lease("lease", lease)
+        worker = check_worker_name("worker", worker)
         params = {
-            "queues": _queues(queues), "limit": limit,
+            "queues": check_queues(queues), "limit": limit,
             "worker": worker or default_worker_name(), "lease": lease,
         }
         jobs = self._snapshots.all(session.execute(self._claim, params).all())
@@ -322,6 +330,8 @@ class JobRepository(Generic[M]):
     def complete(self, session: Session, job: M) -> None:
         """Finish a claimed job: delete it, or mark it ``done`` when the model
         sets ``__keep_done__``. Raise :class:`JobLostError` if not owned."""
+        check_session(session)
+        check_claimed("job", job, self.model)
         params = {"job_id": job.id, "token": job.lock_token}
         if session.execute(self._complete, params, execution_options=_NO_SYNC).first() is None:
             raise JobLostError(job.id, "complete")
@@ -329,6 +339,8 @@ class JobRepository(Generic[M]):
     def complete_many(self, session: Session, jobs: Sequence[M]) -> set[int]:
         """Finish many claimed jobs in one fenced statement; return the ids
         finished. A job missing from the result was no longer owned."""
+        check_session(session)
+        jobs = check_claimed_many("jobs", jobs, self.model)
         if not jobs:
             return set()
         params = {"ids": [j.id for j in jobs], "tokens": [j.lock_token for j in jobs]}
@@ -353,12 +365,16 @@ class JobRepository(Generic[M]):
         attempts reached ``max_attempts`` (default: the row's) or ``discard``
         is set. ``error`` is kept in ``last_error``. Fenced.
         """
+        check_session(session)
+        check_claimed("job", job, self.model)
+        policy = check_policy(policy)
+        discard = check_bool("discard", discard)
         if max_attempts is not None:
             positive_int("max_attempts", max_attempts)
         at = check_aware("at", at)
         wait = check_delay("delay", delay) if delay is not None else policy.delay(job.attempts)
         params = {
-            "job_id": job.id, "token": job.lock_token, "error": str(error), "delay": wait, "at": at,
+            "job_id": job.id, "token": job.lock_token, "error": clean_error(error), "delay": wait, "at": at,
             "attempts_limit": max_attempts, "discard": discard,
         }
         row = session.execute(self._fail, params, execution_options=_NO_SYNC).first()
@@ -372,6 +388,9 @@ class JobRepository(Generic[M]):
         A job missing from the result was reaped: its worker should stop
         and must not expect its completion to be accepted.
         """
+        check_session(session)
+        jobs = check_claimed_many("jobs", jobs, self.model)
+        lease = check_lease("lease", lease)
         if not jobs:
             return set()
         params = {"ids": [j.id for j in jobs], "tokens": [j.lock_token for j in jobs], "lease": lease}
@@ -388,9 +407,8 @@ class JobRepository(Generic[M]):
         ``task_max_attempts`` (task name to limit) overrides the row's
         ``max_attempts`` for those tasks, as a task's own limit does on failure.
         """
-        limits = dict(task_max_attempts or {})
-        for name, value in limits.items():
-            positive_int(f"task_max_attempts[{name!r}]", value)
+        check_session(session)
+        limits = check_task_limits(task_max_attempts)
         params = {"limit": positive_int("limit", limit), "task_limits": limits}
         rows = session.execute(self._reap, params, execution_options=_NO_SYNC).all()
         dead = sum(1 for row in rows if row.status == DEAD)
@@ -398,6 +416,8 @@ class JobRepository(Generic[M]):
 
     def cancel(self, session: Session, job_id: int) -> bool:
         """Cancel a pending job; return False if it is not pending (any more)."""
+        check_session(session)
+        job_id = check_job_id(job_id)
         return session.execute(self._cancel, {"job_id": job_id}, execution_options=_NO_SYNC).first() is not None
 
     def retry(self, session: Session, job_id: int) -> bool:
@@ -406,6 +426,8 @@ class JobRepository(Generic[M]):
         Return False if the job is neither dead nor cancelled, or if another
         live job of its queue holds its dedupe key (retrying would duplicate it).
         """
+        check_session(session)
+        job_id = check_job_id(job_id)
         return session.execute(self._retry, {"job_id": job_id}, execution_options=_NO_SYNC).first() is not None
 
     def purge(
@@ -417,9 +439,9 @@ class JobRepository(Generic[M]):
         limit: int = 1000,
     ) -> int:
         """Delete up to ``limit`` finished jobs older than ``older_than``; return how many."""
-        bad = set(statuses) - {"done", "dead", "cancelled"}
-        if bad:
-            raise InvalidArgumentError("statuses", f"only finished statuses can be purged, not {sorted(bad)}")
+        check_session(session)
+        statuses = check_statuses(statuses)
+        older_than = check_older_than(older_than)
         stmt = statements.purge(
             self.model, statuses=list(statuses), older_than=older_than, limit=positive_int("limit", limit)
         )
@@ -427,6 +449,7 @@ class JobRepository(Generic[M]):
 
     def stats(self, session: Session) -> list[QueueStats]:
         """Job counts per queue and status, with the oldest runnable job's age."""
+        check_session(session)
         rows = session.execute(statements.stats(self.model)).all()
         return [QueueStats(r.queue, r.status, int(r[2]), r.oldest_runnable_age) for r in rows]
 

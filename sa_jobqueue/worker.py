@@ -47,9 +47,17 @@ from .errors import InvalidArgumentError
 from .execution import READ_COMMITTED, JobRunner
 from .listener import Listener
 from .registry import TaskRegistry
-from .repository import DEFAULT_LEASE, JobRepository, _queues, default_worker_name
+from .repository import DEFAULT_LEASE, JobRepository, default_worker_name
 from .slots import Slots
-from .spec import positive_int
+from .spec import (
+    check_duration,
+    check_lease,
+    check_poll_interval,
+    check_queues,
+    check_repositories,
+    check_worker_name,
+    positive_int,
+)
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -94,18 +102,20 @@ class Worker:
             self._sessions = bind
         else:
             raise InvalidArgumentError("bind", "must be an Engine or a sessionmaker")
-        repos = [repositories] if isinstance(repositories, JobRepository) else list(repositories)
-        if not repos or not all(isinstance(r, JobRepository) for r in repos):
-            raise InvalidArgumentError("repositories", "give one or more JobRepository")
+        repos = check_repositories(repositories)
         if not isinstance(tasks, TaskRegistry):
             raise InvalidArgumentError("tasks", "must be a TaskRegistry")
         self.concurrency = positive_int("concurrency", concurrency)
         if mode not in ("lease", "transaction"):
             raise InvalidArgumentError("mode", f"must be 'lease' or 'transaction', got {mode!r}")
-        if not isinstance(lease, timedelta) or lease <= timedelta(0):
-            raise InvalidArgumentError("lease", "must be a positive timedelta")
-        if not poll_interval > 0:
-            raise InvalidArgumentError("poll_interval", "must be a positive number of seconds")
+        lease = check_lease("lease", lease)
+        if heartbeat_interval is not None:
+            check_duration("heartbeat_interval", heartbeat_interval)
+        if reap_interval is not None:
+            check_duration("reap_interval", reap_interval)
+        poll_interval = check_poll_interval(poll_interval)
+        name = check_worker_name("name", name)
+        queues = check_queues(queues)
         if batch_size is not None:
             positive_int("batch_size", batch_size)
         engine = self._sessions.kw.get("bind")
@@ -122,7 +132,7 @@ class Worker:
         )
         self.repositories = repos
         self.tasks = tasks
-        self.queues = _queues(queues)
+        self.queues = queues
         self.mode: Mode = mode
         self.lease = lease
         self.heartbeat_interval = (heartbeat_interval or lease / 3).total_seconds()
