@@ -63,6 +63,8 @@ log = logging.getLogger("sa_jobqueue.worker")
 
 Mode = Literal["lease", "transaction"]
 DEFAULT_TRANSACTION_BATCH = 10
+# Claims a lease-mode worker may have in flight at once.
+CLAIMERS = 2
 
 
 @dataclass
@@ -140,10 +142,17 @@ class Worker:
         self.poll_interval = poll_interval
         self.listen = listen
         self.batch_size = batch_size or (DEFAULT_TRANSACTION_BATCH if mode == "transaction" else None)
-        # Lease mode may claim ahead of its threads (batch_size > concurrency):
-        # claimed jobs wait in the pool's queue, their leases extended.
-        self._capacity = max(concurrency, batch_size or 0) if mode == "lease" else concurrency
-        self._low_water = max(self.concurrency - 1, self._capacity // 2)
+        # With a batch_size, lease mode claims ahead of its threads and holds
+        # up to two batches: one running, one ready. The next claim goes out
+        # as soon as a whole batch fits, so a batch is always queued while a
+        # claim travels (a single batch would leave the threads idle for the
+        # claim's round trip each time it drains). Claimed jobs wait in the
+        # slots' queue with their leases extended.
+        if mode == "lease" and batch_size:
+            self._capacity = max(self.concurrency, (CLAIMERS + 1) * batch_size)
+        else:
+            self._capacity = self.concurrency
+        self._reserved = 0  # jobs asked for by claims in flight (lease mode)
         self.name = name or default_worker_name()
         self.result = WorkerResult()
         self._task_limits = {t.name: t.max_attempts for t in tasks if t.max_attempts is not None}
@@ -176,9 +185,12 @@ class Worker:
         restore = self._install_signal_handlers()
         listener = self._listener = self._start_listener() if self.listen and not until_empty else None
         slots = Slots(self.concurrency, name="sa_jobqueue", on_done=self._slot_done)
+        claimers = Slots(CLAIMERS if self.mode == "lease" else 0, name="sa_jobqueue-claim",
+                         on_done=lambda _: self._wake.set())
         try:
-            self._loop(slots, until_empty)
+            self._loop(slots, claimers, until_empty)
         finally:
+            claimers.close()  # before the slots: a claim in flight still hands them jobs
             slots.close()
             if listener is not None:
                 listener.stop()
@@ -188,7 +200,7 @@ class Worker:
 
     # -- the loop --------------------------------------------------------
 
-    def _loop(self, slots: Slots, until_empty: bool) -> None:
+    def _loop(self, slots: Slots, claimers: Slots, until_empty: bool) -> None:
         idle_wait = 0.0
         next_reap = time.monotonic()
         next_heartbeat = next_reap if self.mode == "lease" else float("inf")
@@ -211,23 +223,23 @@ class Worker:
             inflight = len(slots)
             free = self._capacity - inflight
             if self.mode == "lease":
-                # Refill at the low-water mark: while a thread is free, or once
-                # half of a claim-ahead backlog is done. Topping up one job per
-                # completion would turn one claim of 100 into 100 claims of 1.
-                if free > 0 and inflight <= self._low_water:
-                    claimed = self._claim(min(free, self.batch_size or free))
-                    for repo, job in claimed:
-                        with self._lock:
-                            self._running[job.lock_token] = (repo, job)
-                        slots.submit(self._runner.run_leased, repo, job)
-                    if claimed:
-                        found, idle_wait = True, 0.0
-                        if len(claimed) < free:
-                            continue  # a short batch is not an empty queue: claim again
-                    else:
-                        found = False
-                        idle_wait = self._next_idle_wait(idle_wait)
-                        next_probe = time.monotonic() + idle_wait
+                # Claims run in claimer threads, up to CLAIMERS at once, so that
+                # the server works on the next batch while this one runs.
+                hits, misses = claimers.take_results()
+                if hits:
+                    found, idle_wait = True, 0.0  # a short batch is not an empty queue
+                elif misses and not len(claimers):
+                    found = False
+                    idle_wait = self._next_idle_wait(idle_wait)
+                    next_probe = time.monotonic() + idle_wait
+                # While idle, one probe at a time, once the idle wait is over.
+                may_claim = found or (not len(claimers) and time.monotonic() >= next_probe)
+                while may_claim and len(claimers) < CLAIMERS and self._wants_claim(inflight + self._reserved):
+                    ask = min(self._capacity - inflight - self._reserved, self.batch_size or free)
+                    with self._lock:
+                        self._reserved += ask
+                    claimers.submit(self._claim_into, slots, ask)
+                    may_claim = found
             else:
                 # Each slot claims a batch in its own transaction; the slots'
                 # results tell whether the queues had work.
@@ -246,23 +258,33 @@ class Worker:
                     probes = 1 if not inflight and time.monotonic() >= next_probe else 0
                 for _ in range(probes):
                     slots.submit(self._runner.run_transaction_batch)
-            if self.mode == "lease" and until_empty and not found and not inflight and not len(self._completions):
+            if (self.mode == "lease" and until_empty and not found and not inflight and not len(claimers)
+                    and not len(self._completions)):
                 break
             if found or (self.mode == "transaction" and inflight):
                 timeout = self.poll_interval  # a finishing slot wakes the loop sooner
             else:
                 timeout = next_probe - time.monotonic()
             self._wake.wait(self._sleep_for(timeout, next_heartbeat, next_reap))
-        while len(slots):
+        while len(slots) or len(claimers):
             self._wake.wait(self.poll_interval)
             self._wake.clear()
             if self._completions.due():
                 self._flush_completions()
         self._flush_completions(final=True)
 
+    def _wants_claim(self, inflight: int) -> bool:
+        """Lease mode: claim while a thread is idle, or once a whole batch fits.
+
+        Topping up one job per completion would turn each claim of 100 into
+        100 claims of 1.
+        """
+        free = self._capacity - inflight
+        return free > 0 and (inflight < self.concurrency or free >= (self.batch_size or 1))
+
     def _slot_done(self, active: int) -> None:
-        """A slot finished a call: wake the loop when it may claim again."""
-        if active <= self._low_water:
+        """A slot finished a call: wake the loop when it may claim (or probe) again."""
+        if self.mode == "transaction" or self._wants_claim(active + self._reserved):
             self._wake.set()
 
     def _sleep_for(self, wait: float, *deadlines: float) -> float:
@@ -306,6 +328,19 @@ class Worker:
         return notified
 
     # -- statements in short transactions of the control connection -------
+
+    def _claim_into(self, slots: Slots, ask: int) -> bool:
+        """A claimer thread: claim up to ``ask`` jobs and queue them for the slots."""
+        try:
+            claimed = self._claim(ask)
+            for repo, job in claimed:
+                with self._lock:
+                    self._running[job.lock_token] = (repo, job)
+                slots.submit(self._runner.run_leased, repo, job)
+        finally:
+            with self._lock:
+                self._reserved -= ask
+        return bool(claimed)
 
     def _claim(self, free: int) -> list[tuple[JobRepository[Any], Any]]:
         claimed: list[tuple[JobRepository[Any], Any]] = []

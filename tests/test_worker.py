@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqllog import recorded_sql
 
 from sa_jobqueue import InvalidArgumentError, JobSpec, TaskRegistry, Worker
+from sa_jobqueue.worker import CLAIMERS
 
 MODES = ["lease", "transaction"]
 
@@ -231,3 +232,25 @@ def test_lease_mode_can_claim_ahead_of_its_threads(engine: Engine, sessions: ses
     assert result.completed == 120
     # 120 jobs in claims of up to 50 (plus the reaper's and the last, empty, claim).
     assert len(claims) <= 8
+
+
+def test_lease_mode_never_holds_more_than_its_claim_ahead_limit(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    """With batch_size B a worker holds at most (CLAIMERS + 1) * B claimed jobs,
+    counting the claims in flight: each handler sees how many rows its worker owns."""
+    held: list[int] = []
+    registry = TaskRegistry()
+
+    @registry.task("count_held")
+    def count_held(job: TaskJob, session: Session) -> None:
+        held.append(int(session.scalar(
+            select(func.count()).select_from(TaskJob).where(TaskJob.status == "running", TaskJob.locked_by == "w1")
+        ) or 0))
+
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("count_held") for _ in range(300)])
+    worker = Worker(engine, jobs, registry, concurrency=3, batch_size=7, name="w1", poll_interval=0.1)
+    result = worker.run(until_empty=True)
+    assert result.completed == 300 and len(held) == 300
+    assert max(held) <= (CLAIMERS + 1) * 7
