@@ -9,13 +9,22 @@ reconnecting, server restart) costs at most one poll interval.
 
 The listener reconnects by itself with backoff, and calls ``on_connect``
 after each (re)connection so the worker polls once for anything it missed.
-TCP keepalives make a half-open connection fail within about half a minute.
+TCP keepalives make a connection whose peer vanished fail within about half a
+minute. A connection can also go half-open behind a peer that still answers
+TCP (a stalled proxy or pooler, flows dropped past the next hop): keepalives
+then succeed and no notification ever arrives. So the listener also probes
+its connection with a ``SELECT 1`` every ``probe_interval`` seconds and gives
+up on it when the reply takes longer than ``probe_timeout``: it shuts the
+socket down, which fails the read, and reconnects.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import psycopg
@@ -43,6 +52,8 @@ class Listener:
         *,
         check_interval: float = 1.0,
         max_backoff: float = 10.0,
+        probe_interval: float = 10.0,
+        probe_timeout: float = 5.0,
     ) -> None:
         self._conninfo = conninfo
         self._channels = list(channels)
@@ -50,6 +61,8 @@ class Listener:
         self._on_connect = on_connect
         self._check_interval = check_interval
         self._max_backoff = max_backoff
+        self._probe_interval = probe_interval
+        self._probe_timeout = probe_timeout
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sa_jobqueue-listener", daemon=True)
         self.connected = threading.Event()
@@ -75,11 +88,17 @@ class Listener:
                     self.connected.set()
                     backoff = 0.2
                     self._on_connect()
+                    next_probe = time.monotonic() + self._probe_interval
                     while not self._stopping.is_set():
                         # notifies() returns after the timeout, so the stop flag
                         # is seen within check_interval.
                         for note in conn.notifies(timeout=self._check_interval):
                             self._on_notify(note.channel, note.payload)
+                        if time.monotonic() >= next_probe:
+                            # Notifications that arrive during the probe are
+                            # kept by psycopg for the next notifies().
+                            self._probe(conn)
+                            next_probe = time.monotonic() + self._probe_interval
             except Exception as exc:  # any failure: reconnect after a pause
                 self.connected.clear()
                 if self._stopping.is_set():
@@ -88,3 +107,38 @@ class Listener:
                 self._stopping.wait(backoff)
                 backoff = min(self._max_backoff, backoff * 2)
         self.connected.clear()
+
+    def _probe(self, conn: psycopg.Connection[object]) -> None:
+        """One round trip with a deadline; past it, shut the socket down so
+        that the waiting read fails instead of waiting forever."""
+        answered = threading.Event()
+        fd = conn.fileno()
+
+        def give_up() -> None:
+            if not answered.is_set():
+                log.warning("listener: no reply to the liveness probe within %.1f s", self._probe_timeout)
+                _shutdown(fd)
+
+        timer = threading.Timer(self._probe_timeout, give_up)
+        timer.daemon = True
+        timer.start()
+        try:
+            conn.execute("SELECT 1")
+        finally:
+            answered.set()
+            timer.cancel()
+
+
+def _shutdown(fd: int) -> None:
+    """Shut down the socket behind ``fd`` (both directions) without closing
+    ``fd``: the connection's owner sees the connection fail and closes it."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
