@@ -231,7 +231,8 @@ def reap(model: Any) -> Update:
         .where(t.c.id == expired.c.id)
         .values(
             status=case((dead, DEAD), else_=PENDING),
-            run_at=case((dead, t.c.run_at), else_=func.now()),
+            # run_at is kept: a crashed attempt's job goes back to its place
+            # in the queue, not behind the whole backlog.
             finished_at=case((dead, func.now()), else_=None),
             last_error=func.concat(
                 "lease expired at attempt ", t.c.attempts, " (worker ",

@@ -253,9 +253,15 @@ class Worker:
                     break  # the last probe found nothing, and nothing runs
                 if found:
                     probes = free
+                elif free > 0 and time.monotonic() >= next_probe:
+                    # While idle, one probe per idle wait, whatever the other
+                    # slots do: a long batch must not keep jobs that became
+                    # runnable without a NOTIFY (retries, scheduled jobs, rows
+                    # a dead transaction released) waiting for it to end.
+                    probes = 1
+                    next_probe = time.monotonic() + (idle_wait or self.poll_interval)
                 else:
-                    # While idle, one probe at a time, once the idle wait is over.
-                    probes = 1 if not inflight and time.monotonic() >= next_probe else 0
+                    probes = 0
                 for _ in range(probes):
                     slots.submit(self._runner.run_transaction_batch)
             if (self.mode == "lease" and until_empty and not found and not inflight and not len(claimers)

@@ -374,6 +374,8 @@ def test_reap_requeues_or_kills_expired_leases_only(sessions: sessionmaker[Sessi
     with sessions() as session:
         by_n = {j.payload["n"]: j for j in session.scalars(select(TaskJob))}
     assert by_n[1].status == "pending" and "lease expired" in (by_n[1].last_error or "")
+    # Back in its old place in the queue, not behind jobs enqueued since.
+    assert by_n[1].run_at == next(j.run_at for j in short if j.id == by_n[1].id)
     assert by_n[2].status == "dead" and by_n[2].attempts == 1
     assert by_n[3].status == "running" and long.id == by_n[3].id and len(short) == 2
     with sessions.begin() as session:

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqllog import recorded_sql
 
-from sa_jobqueue import JobRepository, JobSpec, Worker
+from sa_jobqueue import JobRepository, JobSpec, TaskRegistry, Worker
 
 
 @pytest.fixture
@@ -146,3 +146,31 @@ def test_listen_false_opens_no_listener_and_polling_still_runs_jobs(
             jobs.enqueue(session, "ledger")
         _wait_for(lambda: _ledger_count(sessions) == 1, 30, "the job to run")
         assert _listeners(sessions) == []
+
+
+@pytest.mark.parametrize("mode", ["lease", "transaction"])
+def test_a_busy_slot_does_not_delay_a_scheduled_job(engine: Engine, sessions: sessionmaker[Session], mode: str) -> None:
+    """A job that comes due without a NOTIFY is claimed by the next poll even
+    while another slot is busy with a long job (both modes)."""
+    started, release = threading.Event(), threading.Event()
+    registry = TaskRegistry()
+
+    @registry.task("long")
+    def long(job: TaskJob) -> None:
+        started.set()
+        release.wait(30)
+
+    @registry.task("ledger")
+    def ledger(job: TaskJob, session: Session) -> None:
+        session.add(Ledger(job_id=job.id))
+
+    with running(Worker(engine, jobs, registry, mode=mode, concurrency=2, poll_interval=0.2, listen=False)):
+        with sessions.begin() as session:
+            jobs.enqueue(session, "long")
+        assert started.wait(30), "the long job did not start"
+        with sessions.begin() as session:
+            jobs.enqueue(session, "ledger", delay=timedelta(milliseconds=300))
+        try:
+            _wait_for(lambda: _ledger_count(sessions) == 1, 15, "the scheduled job to run beside the long one")
+        finally:
+            release.set()

@@ -149,15 +149,7 @@ def test_half_open_connections_behind_the_proxy(make_run: MakeRun, proxy: TcpPro
     _drain(run, inject, _listeners_back)
 
 
-IDLE_PROBE_BUG = (
-    "sa_jobqueue bug: in transaction mode an idle worker probes for jobs only when none of its slots is "
-    "busy (Worker._loop: probes = 1 if not inflight ...), so one stuck or long batch stops it from claiming "
-    "jobs that became runnable without a NOTIFY (released by a dead transaction, retries, scheduled jobs). "
-    "See docs/reliability.md"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=HALF_OPEN_BUG + " | transaction mode also: " + IDLE_PROBE_BUG)
+@pytest.mark.xfail(strict=True, reason=HALF_OPEN_BUG)
 @pytest.mark.parametrize("mode", MODES)
 def test_one_stalled_job_connection(make_run: MakeRun, proxy: TcpProxy, mode: str) -> None:
     """One worker (4 slots) drains 1,000 jobs; the job at 20% of the enqueue
