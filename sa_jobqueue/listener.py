@@ -21,14 +21,14 @@ socket down, which fails the read, and reconnects.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 import psycopg
 from psycopg import sql
+
+from .watchdog import shutdown_socket
 
 log = logging.getLogger("sa_jobqueue.listener")
 
@@ -117,7 +117,7 @@ class Listener:
         def give_up() -> None:
             if not answered.is_set():
                 log.warning("listener: no reply to the liveness probe within %.1f s", self._probe_timeout)
-                _shutdown(fd)
+                shutdown_socket(fd)
 
         timer = threading.Timer(self._probe_timeout, give_up)
         timer.daemon = True
@@ -128,17 +128,3 @@ class Listener:
             answered.set()
             timer.cancel()
 
-
-def _shutdown(fd: int) -> None:
-    """Shut down the socket behind ``fd`` (both directions) without closing
-    ``fd``: the connection's owner sees the connection fail and closes it."""
-    try:
-        sock = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        sock.close()

@@ -33,13 +33,13 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from .completions import CompletionBuffer
@@ -58,6 +58,7 @@ from .spec import (
     check_worker_name,
     positive_int,
 )
+from .watchdog import Watchdog
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -65,6 +66,7 @@ Mode = Literal["lease", "transaction"]
 DEFAULT_TRANSACTION_BATCH = 10
 # Claims a lease-mode worker may have in flight at once.
 CLAIMERS = 2
+DEFAULT_STALL_TIMEOUT = timedelta(seconds=10)
 
 
 @dataclass
@@ -97,6 +99,7 @@ class Worker:
         listen: bool = True,
         batch_size: int | None = None,
         name: str | None = None,
+        stall_timeout: timedelta | None = DEFAULT_STALL_TIMEOUT,
     ) -> None:
         if isinstance(bind, Engine):
             self._sessions: sessionmaker[Session] = sessionmaker(bind, expire_on_commit=False)
@@ -120,6 +123,8 @@ class Worker:
         queues = check_queues(queues)
         if batch_size is not None:
             positive_int("batch_size", batch_size)
+        if stall_timeout is not None:
+            stall_timeout = check_lease("stall_timeout", stall_timeout)
         engine = self._sessions.kw.get("bind")
         if listen and not isinstance(engine, Engine):
             raise InvalidArgumentError("listen", "needs an Engine, or a sessionmaker bound to one")
@@ -141,6 +146,10 @@ class Worker:
         self.reap_interval = (reap_interval or lease / 2).total_seconds()
         self.poll_interval = poll_interval
         self.listen = listen
+        # A watchdog frees connections stalled with a statement in flight
+        # (sa_jobqueue/watchdog.py); it needs the engine to watch its pool.
+        self.stall_timeout = stall_timeout if isinstance(engine, Engine) else None
+        self._engine = engine if isinstance(engine, Engine) else None
         self.batch_size = batch_size or (DEFAULT_TRANSACTION_BATCH if mode == "transaction" else None)
         # With a batch_size, lease mode claims ahead of its threads and holds
         # up to two batches: one running, one ready. The next claim goes out
@@ -153,6 +162,7 @@ class Worker:
         else:
             self._capacity = self.concurrency
         self._reserved = 0  # jobs asked for by claims in flight (lease mode)
+        self._last_claim_full = True
         self.name = name or default_worker_name()
         self.result = WorkerResult()
         self._task_limits = {t.name: t.max_attempts for t in tasks if t.max_attempts is not None}
@@ -184,6 +194,7 @@ class Worker:
         always finished, and buffered completions written, before it returns."""
         restore = self._install_signal_handlers()
         listener = self._listener = self._start_listener() if self.listen and not until_empty else None
+        unwatch = self._start_watchdog()
         slots = Slots(self.concurrency, name="sa_jobqueue", on_done=self._slot_done)
         claimers = Slots(CLAIMERS if self.mode == "lease" else 0, name="sa_jobqueue-claim",
                          on_done=lambda _: self._wake.set())
@@ -195,6 +206,7 @@ class Worker:
             if listener is not None:
                 listener.stop()
                 self._listener = None
+            unwatch()
             restore()
         return self.result
 
@@ -234,7 +246,10 @@ class Worker:
                     next_probe = time.monotonic() + idle_wait
                 # While idle, one probe at a time, once the idle wait is over.
                 may_claim = found or (not len(claimers) and time.monotonic() >= next_probe)
-                while may_claim and len(claimers) < CLAIMERS and self._wants_claim(inflight + self._reserved):
+                # Two claims at once only while claims come back full: after a
+                # short one the queue is about empty, and one probe will do.
+                parallel = CLAIMERS if self._last_claim_full else 1
+                while may_claim and len(claimers) < parallel and self._wants_claim(inflight + self._reserved):
                     ask = min(self._capacity - inflight - self._reserved, self.batch_size or free)
                     with self._lock:
                         self._reserved += ask
@@ -319,6 +334,29 @@ class Worker:
         listener.start()
         return listener
 
+    def _start_watchdog(self) -> Callable[[], None]:
+        """Watch every connection of the engine's pool the worker touches; return the undo."""
+        if self.stall_timeout is None or self._engine is None or self._url is None:
+            return lambda: None
+        engine = self._engine
+        conninfo = self._url.set(drivername="postgresql").render_as_string(hide_password=False)
+        watchdog = Watchdog(conninfo, after=self.stall_timeout.total_seconds())
+
+        def watch(dbapi_connection: Any, *rest: Any) -> None:
+            watchdog.watch(dbapi_connection)
+
+        # "connect" sees new connections; "checkout" those the pool already held.
+        event.listen(engine, "connect", watch)
+        event.listen(engine, "checkout", watch)
+        watchdog.start()
+
+        def unwatch() -> None:
+            event.remove(engine, "connect", watch)
+            event.remove(engine, "checkout", watch)
+            watchdog.stop()
+
+        return unwatch
+
     def _on_notify(self, channel: str, queue: str) -> None:
         if queue in self.queues:
             self._on_notify_any()
@@ -339,6 +377,7 @@ class Worker:
         """A claimer thread: claim up to ``ask`` jobs and queue them for the slots."""
         try:
             claimed = self._claim(ask)
+            self._last_claim_full = len(claimed) == ask
             for repo, job in claimed:
                 with self._lock:
                     self._running[job.lock_token] = (repo, job)

@@ -60,7 +60,8 @@ class ProxyStats:
 class TcpProxy:
     """Forward ``127.0.0.1:<port>`` to ``upstream``; see the module docstring."""
 
-    def __init__(self, upstream: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, upstream: tuple[str, int] | str, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        """``upstream``: ``(host, port)``, or the path of a Unix socket."""
         self.upstream = upstream
         self._listener = socket.create_server((host, port), backlog=128)
         self._listener.setblocking(False)
@@ -156,13 +157,14 @@ class TcpProxy:
             except BlockingIOError:
                 return
             try:
-                server = socket.create_connection(self.upstream, timeout=5)
+                server = _connect(self.upstream)
             except OSError:
                 _reset(client)
                 continue
             for sock in (client, server):
                 sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if sock.family != socket.AF_UNIX:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             pair = _Pair(client, server)
             pair.pending = {client: bytearray(), server: bytearray()}
             self._pairs[client] = self._pairs[server] = pair
@@ -250,6 +252,19 @@ class TcpProxy:
         self._selector.unregister(self._listener)
         self._listener.close()
         self._stopping = True
+
+
+def _connect(upstream: tuple[str, int] | str) -> socket.socket:
+    if isinstance(upstream, str):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(5)
+        try:
+            sock.connect(upstream)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    return socket.create_connection(upstream, timeout=5)
 
 
 def _reset(sock: socket.socket) -> None:

@@ -120,16 +120,6 @@ def test_network_cut_by_the_proxy(make_run: MakeRun, proxy: TcpProxy, mode: str)
     _drain(run, inject, _listeners_back)
 
 
-HALF_OPEN_BUG = (
-    "sa_jobqueue bug: a statement on a stalled connection (half-open behind a peer that still acknowledges "
-    "TCP, so keepalives and tcp_user_timeout never fire) blocks its slot thread forever: the worker sets no "
-    "client-side deadline on a job's statements, its heartbeats keep extending the stuck job's lease so no "
-    "reaper frees it (lease mode), and run() waits for the slot forever, so SIGTERM cannot stop the worker. "
-    "Once every slot of every worker is stuck, the drain stops. See docs/reliability.md"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=HALF_OPEN_BUG)
 @pytest.mark.parametrize("mode", MODES)
 def test_half_open_connections_behind_the_proxy(make_run: MakeRun, proxy: TcpProxy, mode: str) -> None:
     """At 30% of the drain the proxy stops forwarding on every open connection
@@ -137,8 +127,7 @@ def test_half_open_connections_behind_the_proxy(make_run: MakeRun, proxy: TcpPro
     within a bounded time and go on over new connections: the drain finishes
     within 60 s, every worker stops on SIGTERM, and every listener reconnects
     (its liveness probe, sa_jobqueue/listener.py)."""
-    run = make_run("half_open", mode, jobs=JOBS, port=proxy.port, drain_timeout=60.0,
-                   known_bug="stalled connection blocks a slot forever; xfail")
+    run = make_run("half_open", mode, jobs=JOBS, port=proxy.port, drain_timeout=60.0)
 
     def inject(run: Run) -> None:
         if run.wait_progress(0.3):
@@ -149,7 +138,6 @@ def test_half_open_connections_behind_the_proxy(make_run: MakeRun, proxy: TcpPro
     _drain(run, inject, _listeners_back)
 
 
-@pytest.mark.xfail(strict=True, reason=HALF_OPEN_BUG)
 @pytest.mark.parametrize("mode", MODES)
 def test_one_stalled_job_connection(make_run: MakeRun, proxy: TcpProxy, mode: str) -> None:
     """One worker (4 slots) drains 1,000 jobs; the job at 20% of the enqueue
@@ -169,7 +157,7 @@ def test_one_stalled_job_connection(make_run: MakeRun, proxy: TcpProxy, mode: st
         return "effect", {"sleep": round(rng.uniform(0, 0.02), 4)}
 
     run = make_run("stalled_job_conn", mode, jobs=total, workers=1, port=proxy.port, payload=payload,
-                   drain_timeout=90.0, known_bug="stalled connection blocks a slot forever; xfail")
+                   drain_timeout=90.0)
 
     def inject(run: Run) -> None:
         while run.pause(0.05):
