@@ -9,11 +9,14 @@ waits forever: a job slot, a claim, or the worker's whole loop.
 A long statement and a stalled one look alike from the client (a command in
 progress, no reply yet), so the watchdog asks the server. Every
 ``interval`` it looks at the connections it watches; one that has had a
-command in progress (libpq's ``PQTRANS_ACTIVE``) for ``after`` seconds is a
-suspect, and the watchdog reads the state of its backend in
-``pg_stat_activity`` over a connection of its own. A backend that is not
-``active`` (its server side is idle: the statement never arrived, or its
-reply never came back), seen so in two checks in a row, means a stall: the
+command in progress (libpq's ``PQTRANS_ACTIVE``) at every look for
+``after`` seconds is a suspect, and the watchdog reads the state of its
+backend in ``pg_stat_activity`` over a connection of its own. A backend
+that is not ``active`` and has not changed state for ``after`` seconds
+either (its server side sat idle all along: the statement never arrived, or
+its reply never came back), seen so in two checks in a row, is a stall. (A
+busy connection runs one short statement after another: it can look
+"in progress" at every look, but its backend's state keeps changing.) The
 watchdog terminates that backend (which gives back its row locks at once)
 and shuts the client's socket down, so the waiting call fails as a
 disconnect and the worker's usual error paths take over (a claim is
@@ -39,7 +42,11 @@ from psycopg import pq
 
 log = logging.getLogger("sa_jobqueue.worker")
 
-_STATES = "SELECT pid, state FROM pg_stat_activity WHERE pid = ANY(%s)"
+# The backend's state, and for how long it has been in it (server clock).
+_STATES = (
+    "SELECT pid, state, extract(epoch FROM now() - state_change) "
+    "FROM pg_stat_activity WHERE pid = ANY(%s)"
+)
 
 
 def shutdown_socket(fd: int) -> None:
@@ -118,10 +125,13 @@ class Watchdog:
             seen = self._active.get(conn)
             if seen is None:
                 continue
-            state = states.get(pid)
-            if state is None or state == "active":
-                seen[1] = 0  # unknown to this server (a pooler's id), or running: leave it
+            found = states.get(pid)
+            if found is None or found[0] == "active" or found[1] < self._after:
+                # Unknown to this server (a pooler's id), running, or busy with
+                # other statements lately: leave it.
+                seen[1] = 0
                 continue
+            state = found[0]
             seen[1] += 1
             if seen[1] < 2:
                 continue  # confirm on the next check: the reply may have been in flight
@@ -134,9 +144,9 @@ class Watchdog:
             self._active.pop(conn, None)
             self.freed += 1
 
-    def _backend_states(self, pids: list[int]) -> dict[int, str]:
+    def _backend_states(self, pids: list[int]) -> dict[int, tuple[str, float]]:
         rows = self._query(_STATES, (pids,))
-        return {int(pid): str(state) for pid, state in rows}
+        return {int(pid): (str(state), float(age or 0.0)) for pid, state, age in rows}
 
     def _terminate(self, pid: int) -> None:
         try:

@@ -4,6 +4,7 @@ interrupts a statement the server is running (sa_jobqueue/watchdog.py)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -77,4 +78,31 @@ def test_a_long_statement_is_left_alone(proxied: tuple[TcpProxy, str]) -> None:
         finally:
             watchdog.stop()
     assert not thread.is_alive() and outcome == [[(7,)]]
+    assert watchdog.freed == 0
+
+
+def test_a_busy_connection_is_left_alone(proxied: tuple[TcpProxy, str]) -> None:
+    """A connection that sends statement after statement, each read late (as
+    a thread starved of the GIL does), looks "in progress" at every look while
+    its backend is idle between statements: its backend's state keeps
+    changing, so it is no stall."""
+    _, url = proxied
+    watchdog = Watchdog(url, after=0.5, interval=0.05)
+    with psycopg.connect(url) as conn:
+        pgconn = conn.pgconn
+        assert pgconn.exec_(b"BEGIN").status == psycopg.pq.ExecStatus.COMMAND_OK
+        watchdog.watch(conn)
+        watchdog.start()
+        try:
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                pgconn.send_query(b"SELECT 1")
+                time.sleep(0.2)  # the reply arrived long ago; nobody reads it yet
+                statuses = []
+                while (result := pgconn.get_result()) is not None:
+                    statuses.append(result.status)
+                assert statuses == [psycopg.pq.ExecStatus.TUPLES_OK], "the connection was shut down"
+        finally:
+            watchdog.stop()
+        pgconn.exec_(b"ROLLBACK")
     assert watchdog.freed == 0
