@@ -52,6 +52,8 @@ def _instrument() -> None:
         word = text.lstrip().split()[0].upper()
         if "SKIP LOCKED" in text and "picked" in text:
             word = "claim"
+        elif "SKIP LOCKED" in text and "expired" in text:
+            word = "reap"
         elif word == "DELETE" and "lock_token" in text:
             word = "completion"
         elif word == "INSERT" and LEDGER in text:

@@ -12,7 +12,7 @@ that server), otherwise an embedded PostgreSQL. Every workload gets a fresh
 database cloned from a migrated template. Prints Markdown: each figure is
 the median of ``--runs`` runs, with its ratio to the two raw psycopg
 reference loops of the same run (the article's textbook loop and a batch
-loop), then the targets of issue 3 with MET / MISSED. Each drain checks that
+loop), then the project's throughput targets with MET / MISSED. Each drain checks that
 every job ran exactly once and the run fails (exit 1) otherwise.
 See docs/benchmarks.md.
 """
@@ -499,7 +499,7 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
                 w(f"| {label} | " + " | ".join(cells) + " |")
 
     w("")
-    w("### Targets (issue 3)")
+    w("### Targets")
     w("")
     w("| workload | target | measured | verdict |")
     w("| --- | --- | ---: | --- |")
