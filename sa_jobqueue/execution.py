@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session
 
 from .errors import JobLostError, RetryJob
+from .logs import job_context
 from .registry import Task
 
 if TYPE_CHECKING:
@@ -52,7 +53,8 @@ class JobRunner:
         """Run one claimed job; its completion is fenced on the claim's token."""
         batched = False
         try:
-            batched = self._run_leased(repo, job)
+            with job_context(job):
+                batched = self._run_leased(repo, job)
         finally:
             if not batched:
                 self.worker._finishing(job)
@@ -131,25 +133,32 @@ class JobRunner:
                 return False
             succeeded = []
             for job in jobs:
-                task = worker.tasks.get(job.task)
-                if task is None:
-                    outcomes.append(self.fail(session, repo, job, None, None))
-                    continue
-                savepoint = session.begin_nested()
-                try:
-                    task(job, session)
-                    savepoint.commit()  # flushes the handler's writes inside the savepoint
-                except BaseException as exc:  # SystemExit from a handler is a failure too
-                    savepoint.rollback()
-                    outcomes.append(self.fail(session, repo, job, task, exc))
-                    continue
-                succeeded.append(job)
+                with job_context(job):
+                    outcome = self._run_in_savepoint(session, repo, job)
+                if outcome is None:
+                    succeeded.append(job)
+                else:
+                    outcomes.append(outcome)
             # The batch holds its row locks, so the fence always passes here.
             finished = repo.complete_many(session, succeeded)
             outcomes += ["completed" if job.id in finished else "lost" for job in succeeded]
         for outcome in outcomes:
             worker._count(outcome)
         return True
+
+    def _run_in_savepoint(self, session: Session, repo: JobRepository[Any], job: Any) -> str | None:
+        """Run one job of a batch in a SAVEPOINT; None on success, else its recorded outcome."""
+        task = self.worker.tasks.get(job.task)
+        if task is None:
+            return self.fail(session, repo, job, None, None)
+        savepoint = session.begin_nested()
+        try:
+            task(job, session)
+            savepoint.commit()  # flushes the handler's writes inside the savepoint
+        except BaseException as exc:  # SystemExit from a handler is a failure too
+            savepoint.rollback()
+            return self.fail(session, repo, job, task, exc)
+        return None
 
     # -- failures ----------------------------------------------------------------
 
