@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-Entry = tuple[Any, Any]  # (repository, job)
+Entry = tuple[Any, Any, float]  # (repository, job, the handler's run time in seconds)
 
 
 class CompletionBuffer:
@@ -30,12 +30,12 @@ class CompletionBuffer:
         self._entries: list[Entry] = []
         self._first_at = 0.0
 
-    def add(self, repo: Any, job: Any) -> bool:
+    def add(self, repo: Any, job: Any, duration: float) -> bool:
         """Buffer a completion; return True when the buffer is now full (the caller flushes it)."""
         with self._lock:
             if not self._entries:
                 self._first_at = time.monotonic()
-            self._entries.append((repo, job))
+            self._entries.append((repo, job, duration))
             return len(self._entries) >= self.max_size
 
     def __len__(self) -> int:

@@ -11,11 +11,13 @@ so a worker's result never reports work that was rolled back.
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from . import signals
 from .errors import JobLostError, RetryJob
 from .logs import job_context
 from .registry import Task
@@ -65,15 +67,17 @@ class JobRunner:
         worker = self.worker
         task = worker.tasks.get(job.task)
         if task is None:
-            self._record_failure(repo, job, None, None)
+            self._record_failure(repo, job, None, None, 0.0)
             return False
+        signals.send(signals.job_started, worker, job=job)
+        started = time.monotonic()
         if task.completes_in_batch:
             try:
                 task(job, None)
             except BaseException as exc:  # SystemExit from a handler is a failure too
-                self._record_failure(repo, job, task, exc)
+                self._record_failure(repo, job, task, exc, time.monotonic() - started)
                 return False
-            if worker._completions.add(repo, job):
+            if worker._completions.add(repo, job, time.monotonic() - started):
                 worker._flush_completions()
             return True
         with worker._sessions() as session:
@@ -94,11 +98,14 @@ class JobRunner:
                 failure: BaseException = exc
             else:
                 worker._count("completed")
+                signals.send(signals.job_succeeded, worker, job=job, duration=time.monotonic() - started)
                 return False
-        self._record_failure(repo, job, task, failure)
+        self._record_failure(repo, job, task, failure, time.monotonic() - started)
         return False
 
-    def _record_failure(self, repo: JobRepository[Any], job: Any, task: Task | None, exc: BaseException | None) -> None:
+    def _record_failure(
+        self, repo: JobRepository[Any], job: Any, task: Task | None, exc: BaseException | None, duration: float
+    ) -> None:
         """Record a failed attempt (or an unknown task) in a transaction of its own."""
         worker = self.worker
         worker._finishing(job)
@@ -110,6 +117,8 @@ class JobRunner:
             log.warning("worker %s: %s", worker.name, lost)
             outcome = "lost"
         worker._count(outcome)
+        if outcome != "lost":
+            signals.send_failure(worker, job, exc, outcome, duration)
 
     # -- transaction mode ------------------------------------------------------
 
@@ -132,33 +141,48 @@ class JobRunner:
             else:
                 return False
             succeeded = []
+            failed: list[tuple[Any, BaseException | None, str, float]] = []
+            durations: dict[int, float] = {}
             for job in jobs:
+                started = time.monotonic()
                 with job_context(job):
-                    outcome = self._run_in_savepoint(session, repo, job)
+                    outcome, error = self._run_in_savepoint(session, repo, job)
+                durations[job.id] = time.monotonic() - started
                 if outcome is None:
                     succeeded.append(job)
                 else:
                     outcomes.append(outcome)
+                    failed.append((job, error, outcome, durations[job.id]))
             # The batch holds its row locks, so the fence always passes here.
             finished = repo.complete_many(session, succeeded)
             outcomes += ["completed" if job.id in finished else "lost" for job in succeeded]
         for outcome in outcomes:
             worker._count(outcome)
+        # Committed: now tell the receivers.
+        for job in succeeded:
+            if job.id in finished:
+                signals.send(signals.job_succeeded, worker, job=job, duration=durations[job.id])
+        for job, error, status, duration in failed:
+            signals.send_failure(worker, job, error, status, duration)
         return True
 
-    def _run_in_savepoint(self, session: Session, repo: JobRepository[Any], job: Any) -> str | None:
-        """Run one job of a batch in a SAVEPOINT; None on success, else its recorded outcome."""
+    def _run_in_savepoint(
+        self, session: Session, repo: JobRepository[Any], job: Any
+    ) -> tuple[str | None, BaseException | None]:
+        """Run one job of a batch in a SAVEPOINT: (None, None) on success, else
+        the job's new status as recorded in the batch, and the handler's exception."""
         task = self.worker.tasks.get(job.task)
         if task is None:
-            return self.fail(session, repo, job, None, None)
+            return self.fail(session, repo, job, None, None), None
+        signals.send(signals.job_started, self.worker, job=job)
         savepoint = session.begin_nested()
         try:
             task(job, session)
             savepoint.commit()  # flushes the handler's writes inside the savepoint
         except BaseException as exc:  # SystemExit from a handler is a failure too
             savepoint.rollback()
-            return self.fail(session, repo, job, task, exc)
-        return None
+            return self.fail(session, repo, job, task, exc), exc
+        return None, None
 
     # -- failures ----------------------------------------------------------------
 

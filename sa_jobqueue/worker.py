@@ -42,6 +42,7 @@ from typing import Any, Literal
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from . import signals
 from .completions import CompletionBuffer
 from .errors import InvalidArgumentError
 from .execution import READ_COMMITTED, JobRunner
@@ -465,19 +466,20 @@ class Worker:
             entries = self._completions.take()
             if not entries:
                 return
-            for repo in {r for r, _ in entries}:
-                mine = [(r, job) for r, job in entries if r is repo]
+            for repo in {entry[0] for entry in entries}:
+                mine = [entry for entry in entries if entry[0] is repo]
                 try:
                     with self._control_transaction() as session:
-                        done = repo.complete_many(session, [job for _, job in mine])
+                        done = repo.complete_many(session, [job for _, job, _ in mine])
                 except Exception:
                     log.exception("worker %s: writing %s completions failed", self.name, len(mine))
                     self._completions.put_back(mine)
                     continue
-                for _, job in mine:
+                for _, job, duration in mine:
                     self._finishing(job)
                     if job.id in done:
                         self._count("completed")
+                        signals.send(signals.job_succeeded, self, job=job, duration=duration)
                     else:
                         log.warning("worker %s: job %s finished after its lease was lost", self.name, job.id)
                         self._count("lost")
