@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from jobapp import QUICK, Ledger, TaskJob, User, emails, jobs, tasks
+from jobapp import Ledger, TaskJob, User, emails, jobs, tasks
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
@@ -157,6 +157,29 @@ def test_chained_enqueues_run_across_tables(db_session: Session, engine: Engine)
     assert committed(engine) == NOTHING
 
 
+def test_handlers_see_the_tests_uncommitted_rows(db_session: Session) -> None:
+    registry = TaskRegistry()
+    seen: list[str] = []
+
+    @registry.task
+    def greet(job: TaskJob, session: Session) -> None:
+        user = session.get(User, job.payload["user_id"])
+        assert user is not None
+        seen.append(user.name)
+        user.name = "greeted " + user.name
+
+    @registry.task
+    def no_session(job: TaskJob) -> None:
+        seen.append(f"job {job.id}")
+
+    db_session.add(User(id=5, name="ada"))  # not even flushed
+    jobs.enqueue(db_session, "greet", {"user_id": 5})
+    other = jobs.enqueue(db_session, "no_session")
+    run_enqueued(db_session, jobs, registry)
+    assert seen == ["ada", f"job {other.id}"]
+    assert db_session.scalar(select(User.name).where(User.id == 5)) == "greeted ada"
+
+
 def test_max_rounds_bounds_an_endless_chain(db_session: Session) -> None:
     registry = TaskRegistry()
 
@@ -190,7 +213,7 @@ def test_handler_flush_error_is_the_handlers_failure(db_session: Session) -> Non
     assert enqueued(db_session, jobs)[0].attempts == 1
 
 
-def test_plain_session_and_arguments(sessions: object, engine: Engine) -> None:
+def test_plain_session_and_arguments(engine: Engine) -> None:
     with Session(engine) as session:
         jobs.enqueue(session, "ledger")
         assert len(run_enqueued(session, jobs, tasks).completed) == 1
@@ -223,7 +246,3 @@ def test_run_jobs_still_commits_with_a_worker(engine: Engine) -> None:
         jobs.enqueue(session, "ledger")
     assert run_jobs(engine, jobs, tasks).completed == 1
     assert committed(engine)["ledger"] == 1
-
-
-def test_quick_policy_is_the_one_used() -> None:
-    assert QUICK.delay(1) == timedelta(0)
