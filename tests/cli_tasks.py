@@ -1,0 +1,41 @@
+"""A task registry and a worker factory for the CLI tests (tests/test_cli.py).
+
+``sa-jobqueue worker cli_tasks:tasks`` runs ``record``, which writes a row of
+``cli_done`` in the job's transaction; ``cli_tasks:make_worker`` is the same
+as a zero-argument worker factory reading ``DATABASE_URL``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sqlalchemy import BigInteger, String, create_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from sa_jobqueue import JobRepository, TaskRegistry, Worker, psycopg_url
+from sa_jobqueue.default import Job
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Done(Base):
+    """One row per job whose handler committed."""
+
+    __tablename__ = "cli_done"
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    note: Mapped[str | None] = mapped_column(String(100))
+
+
+tasks = TaskRegistry()
+
+
+@tasks.task
+def record(job: Job, session: Session) -> None:
+    session.add(Done(job_id=job.id, note=(job.payload or {}).get("note")))
+
+
+def make_worker() -> Worker:
+    engine = create_engine(psycopg_url(os.environ["DATABASE_URL"]))
+    return Worker(engine, JobRepository(Job), tasks, concurrency=2)

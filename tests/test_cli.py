@@ -1,0 +1,288 @@
+"""The sa-jobqueue command line, run with click's CliRunner against the real PostgreSQL.
+
+The tests use a database of their own on the test server, holding the
+default job table (sa_jobqueue_jobs) and cli_tasks' ledger (cli_done).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import cli_tasks
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import Engine, create_engine, select, text, update
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sa_jobqueue import JobRepository
+from sa_jobqueue.cli import format_age, main, parse_duration
+from sa_jobqueue.default import Job
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+repo = JobRepository(Job)
+
+
+@pytest.fixture(scope="module")
+def cli_url(create_database: Callable[[], URL]) -> Iterator[str]:
+    """A database with the default job table, as a postgresql:// string (what users type)."""
+    url = create_database()
+    engine = create_engine(url)
+    Job.metadata.create_all(engine)
+    cli_tasks.Base.metadata.create_all(engine)
+    engine.dispose()
+    yield url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="module")
+def cli_engine(cli_url: str) -> Iterator[Engine]:
+    from sa_jobqueue import psycopg_url
+
+    engine = create_engine(psycopg_url(cli_url))
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _empty(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "cli_engine" in request.fixturenames:
+        engine: Engine = request.getfixturevalue("cli_engine")
+        with engine.begin() as conn:
+            conn.execute(text("TRUNCATE sa_jobqueue_jobs, cli_done"))
+
+
+def _runner() -> CliRunner:
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]  # click 8.1
+    except TypeError:
+        return CliRunner()  # click 8.2+: stderr is kept apart
+
+
+def run(url: str | None, *args: str) -> Result:
+    return _runner().invoke(main, list(args), env={"DATABASE_URL": url}, catch_exceptions=True)
+
+
+def ok(url: str | None, *args: str) -> str:
+    result = run(url, *args)
+    assert result.exit_code == 0, (result.output, result.stderr, result.exception)
+    return result.stdout
+
+
+def assert_one_line_error(result: Result, *, contains: str = "") -> str:
+    assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)  # no uncaught exception
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: "), lines
+    assert "Traceback" not in result.output + result.stderr
+    assert contains.lower() in lines[0].lower(), lines[0]
+    return lines[0]
+
+
+def _dead_job(engine: Engine, queue: str = "dead-src") -> int:
+    """A job failed once with max_attempts=1: dead (its own queue, so the claim finds it alone)."""
+    with Session(engine) as session, session.begin():
+        job_id = repo.enqueue(session, "record", {}, max_attempts=1, queue=queue).id
+    with Session(engine) as session, session.begin():
+        claimed = repo.claim(session, queues=queue, limit=1)
+        assert [j.id for j in claimed] == [job_id]
+        assert repo.fail(session, claimed[0], "boom") == "dead"
+    return job_id
+
+
+def _status(engine: Engine, job_id: int) -> str | None:
+    with engine.connect() as conn:
+        return conn.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
+
+
+# -- the verbs ---------------------------------------------------------------
+
+
+def test_enqueue_stats_list_show(cli_url: str, cli_engine: Engine) -> None:
+    first = int(ok(cli_url, "enqueue", "record", "--payload", '{"note": "hi", "n": [1, 2]}', "--queue", "mail",
+                   "--priority", "5"))
+    second = int(ok(cli_url, "enqueue", "record", "--delay", "3600", "--dedupe-key", "k1"))
+    again = int(ok(cli_url, "enqueue", "record", "--dedupe-key", "k1"))
+    assert again == second != first
+
+    stats = ok(cli_url, "stats")
+    lines = stats.splitlines()
+    assert lines[0].split() == ["queue", "status", "count", "oldest", "runnable"]
+    assert any(line.split()[:3] == ["mail", "pending", "1"] for line in lines)
+    assert any(line.split()[:3] == ["default", "pending", "1"] for line in lines)
+
+    listed = ok(cli_url, "jobs", "list")
+    assert str(first) in listed and str(second) in listed
+    only_mail = ok(cli_url, "jobs", "list", "--queue", "mail", "--status", "pending", "--task", "record")
+    assert f"{first} " in only_mail and f"\n{second} " not in only_mail
+    assert ok(cli_url, "jobs", "list", "--status", "dead").strip() == "no jobs"
+    assert len(ok(cli_url, "jobs", "list", "--limit", "1").splitlines()) == 3  # header, rule, one row
+
+    shown = ok(cli_url, "jobs", "show", str(first))
+    fields = {line.split(None, 1)[0]: line.split(None, 1)[1] for line in shown.splitlines()}
+    assert json.loads(fields["payload"]) == {"note": "hi", "n": [1, 2]}
+    assert fields["queue"] == "mail" and fields["priority"] == "5" and fields["status"] == "pending"
+
+
+def test_cancel_and_retry(cli_url: str, cli_engine: Engine) -> None:
+    a = int(ok(cli_url, "enqueue", "record"))
+    b = int(ok(cli_url, "enqueue", "record"))
+    assert "cancelled 2" in ok(cli_url, "cancel", str(a), str(b))
+    assert _status(cli_engine, a) == _status(cli_engine, b) == "cancelled"
+    assert_one_line_error(run(cli_url, "cancel", str(a)), contains=f"job {a} is cancelled, not pending")
+    assert "retried 1" in ok(cli_url, "retry", str(a))
+    assert _status(cli_engine, a) == "pending"
+
+    dead = _dead_job(cli_engine)
+    assert "retried 1" in ok(cli_url, "retry", str(dead))
+    assert _status(cli_engine, dead) == "pending"
+    # A refusal rolls the whole command back.
+    assert_one_line_error(run(cli_url, "retry", str(b), str(a)), contains=f"job {a} is pending")
+    assert _status(cli_engine, b) == "cancelled"
+
+    d1, d2 = _dead_job(cli_engine, queue="q1"), _dead_job(cli_engine, queue="q2")
+    assert "retried 1 dead" in ok(cli_url, "retry", "--all-dead", "--queue", "q1")
+    assert (_status(cli_engine, d1), _status(cli_engine, d2)) == ("pending", "dead")
+    assert "retried 1 dead" in ok(cli_url, "retry", "--all-dead", "--task", "record")
+    assert _status(cli_engine, d2) == "pending"
+    assert_one_line_error(run(cli_url, "retry"), contains="--all-dead")
+
+
+def test_purge_in_batches(cli_url: str, cli_engine: Engine) -> None:
+    old = [_dead_job(cli_engine) for _ in range(5)]
+    recent = _dead_job(cli_engine)
+    with cli_engine.begin() as conn:
+        conn.execute(update(Job).where(Job.id.in_(old)).values(finished_at=Job.finished_at - timedelta(days=10)))
+    result = run(cli_url, "purge", "--older-than", "7d", "--status", "dead", "--batch-size", "2")
+    assert result.exit_code == 0, result.stderr
+    assert "purged 5 job(s)" in result.stdout
+    with cli_engine.connect() as conn:
+        assert conn.execute(select(Job.id)).scalars().all() == [recent]
+    assert "purged 0" in ok(cli_url, "purge", "--older-than", "12h")
+    assert "purged 1" in ok(cli_url, "purge", "--older-than", "0s")
+
+
+def test_reap(cli_url: str, cli_engine: Engine) -> None:
+    int(ok(cli_url, "enqueue", "record"))
+    with Session(cli_engine) as session, session.begin():
+        (job,) = repo.claim(session, limit=1)
+    assert ok(cli_url, "reap").strip() == "requeued 0, dead 0"
+    with cli_engine.begin() as conn:
+        conn.execute(update(Job).values(lease_expires_at=Job.lease_expires_at - timedelta(hours=1)))
+    assert ok(cli_url, "reap").strip() == "requeued 1, dead 0"
+    assert _status(cli_engine, job.id) == "pending"
+
+
+def test_health(cli_url: str, cli_engine: Engine) -> None:
+    ok(cli_url, "enqueue", "record")
+    out = ok(cli_url, "health")
+    assert out.startswith("database          ok")
+    assert "pending 1" in out and "dead tuples" in out and "oldest xmin age" in out
+    assert_one_line_error(run(cli_url, "health", "--model", "jobapp:TaskJob"), contains="does not exist")
+
+
+# -- mistakes: one line, non-zero, no traceback, no password -----------------
+
+
+@pytest.mark.parametrize(
+    ("args", "contains"),
+    [
+        (["enqueue", "record", "--payload", "{not json"], "not valid JSON"),
+        (["enqueue", "record", "--priority", "-99999"], "priority"),
+        (["enqueue", "  "], "task"),
+        (["jobs", "show", "987654321"], "job 987654321 not found"),
+        (["cancel", "987654321"], "job 987654321 not found"),
+        (["retry", "987654321"], "job 987654321 not found"),
+        (["purge", "--older-than", "7 parsecs"], "--older-than"),
+        (["stats", "--model", "no_such_module_xyz:Job"], "cannot import module"),
+        (["stats", "--model", "sa_jobqueue.default:Nope"], "has no attribute"),
+        (["stats", "--model", "sa_jobqueue.default"], "module:attribute"),
+        (["stats", "--model", "cli_tasks:Done"], "not a JobMixin model"),
+        (["worker", "no_such_module_xyz:tasks"], "cannot import module"),
+        (["worker", "cli_tasks:Done"], "TaskRegistry"),
+        (["worker", "cli_tasks:make_worker", "--concurrency", "3"], "factory"),
+        (["worker", "cli_tasks:tasks", "--concurrency", "0"], "concurrency"),
+    ],
+)
+def test_user_mistakes(cli_url: str, cli_engine: Engine, args: list[str], contains: str) -> None:
+    assert_one_line_error(run(cli_url, *args), contains=contains)
+
+
+@pytest.mark.parametrize("command", [["stats"], ["health"], ["enqueue", "record"], ["jobs", "list"]])
+def test_unreachable_database_hides_the_password(command: list[str]) -> None:
+    started = time.monotonic()
+    line = assert_one_line_error(
+        run("postgresql://postgres:s3cret-pw@127.0.0.1:1/test", *command), contains="cannot connect"
+    )
+    assert "s3cret-pw" not in line and "***" in line
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("url", [None, "", "not a url at all :: s3cret-pw", "mysql://u:s3cret-pw@h/db"])
+def test_missing_or_bad_database_url(url: str | None) -> None:
+    result = run(url, "stats")
+    line = assert_one_line_error(result)
+    assert "s3cret-pw" not in result.output + result.stderr
+    assert "DATABASE_URL" in line or "URL" in line
+
+
+def test_parse_duration_and_format_age() -> None:
+    assert parse_duration("7d") == timedelta(days=7)
+    assert parse_duration("1h30m") == timedelta(minutes=90)
+    assert parse_duration("2w") == timedelta(weeks=2)
+    for bad in ["", "7", "d", "7y", "-1d", "1h x"]:
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    assert format_age(None) == "-"
+    assert format_age(timedelta(seconds=5)) == "5s"
+    assert format_age(timedelta(days=1, seconds=61)) == "1d00h01m01s"
+
+
+def test_core_does_not_import_click() -> None:
+    code = "import sys, sa_jobqueue, sa_jobqueue.default; print('click' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+# -- the worker command, in a process of its own -----------------------------
+
+
+def test_worker_runs_jobs_until_sigterm(cli_url: str, cli_engine: Engine) -> None:
+    ok(cli_url, "enqueue", "record", "--payload", '{"note": "before"}')
+    env = os.environ | {"DATABASE_URL": cli_url, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sa_jobqueue.cli", "worker", "cli_tasks:tasks", "--concurrency", "2",
+         "--queue", "default", "--queue", "other"],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        ok(cli_url, "enqueue", "record", "--payload", '{"note": "after"}', "--queue", "other")
+        deadline = time.monotonic() + 20
+        notes: list[str | None] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            with cli_engine.connect() as conn:
+                notes = list(conn.execute(select(cli_tasks.Done.note).order_by(cli_tasks.Done.note)).scalars())
+            if len(notes) == 2:
+                break
+            time.sleep(0.1)
+        assert notes == ["after", "before"], proc.poll()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, stderr
+    assert json.loads(stdout.strip().splitlines()[-1])["completed"] == 2
+    with cli_engine.connect() as conn:
+        assert conn.execute(select(Job.id)).first() is None
