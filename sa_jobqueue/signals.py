@@ -18,6 +18,8 @@ signal             sent                                                  keyword
                                                                          ``status``, ``duration``
 ``job_retried``    after ``job_failed``, when the job will run again     same as ``job_failed``
 ``job_dead``       after ``job_failed``, when the job will not           same as ``job_failed``
+``jobs_reaped``    after a reap that changed rows committed              ``repository``, ``table``,
+                                                                         ``requeued``, ``dead``
 =================  ====================================================  =========================
 
 ``job`` is the claimed job (a detached snapshot: ``attempts`` counts this
@@ -45,6 +47,7 @@ job_succeeded: NamedSignal = _signals.signal("job-succeeded", doc="A job's compl
 job_failed: NamedSignal = _signals.signal("job-failed", doc="A failed attempt was recorded.")
 job_retried: NamedSignal = _signals.signal("job-retried", doc="A failed job will run again.")
 job_dead: NamedSignal = _signals.signal("job-dead", doc="A failed job will not run again.")
+jobs_reaped: NamedSignal = _signals.signal("jobs-reaped", doc="A reap sent expired jobs back or to dead.")
 
 
 def send(signal: NamedSignal, sender: Any, **kwargs: Any) -> None:
@@ -64,4 +67,6 @@ def send_failure(sender: Any, job: Any, error: BaseException | None, status: str
          duration=duration)
 
 
-__all__ = ["job_dead", "job_failed", "job_retried", "job_started", "job_succeeded", "send", "send_failure"]
+__all__ = [
+    "job_dead", "job_failed", "job_retried", "job_started", "job_succeeded", "jobs_reaped", "send", "send_failure",
+]

@@ -245,6 +245,11 @@ class Worker:
                     found = False
                     idle_wait = self._next_idle_wait(idle_wait)
                     next_probe = time.monotonic() + idle_wait
+                if ran and not found:
+                    # A job that just finished may have made work runnable (a
+                    # retry due now, a job its handler enqueued): look once more
+                    # before going idle, or before until_empty returns.
+                    found = True
                 # While idle, one probe at a time, once the idle wait is over.
                 may_claim = found or (not len(claimers) and time.monotonic() >= next_probe)
                 # Two claims at once only while claims come back full: after a
@@ -453,6 +458,8 @@ class Worker:
                         self.name, reaped.requeued + reaped.dead, repo.table.name,
                         reaped.requeued, reaped.dead,
                     )
+                    signals.send(signals.jobs_reaped, self, repository=repo, table=repo.table.name,
+                                 requeued=reaped.requeued, dead=reaped.dead)
             except Exception:
                 log.exception("worker %s: reap failed", self.name)
 

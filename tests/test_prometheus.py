@@ -1,0 +1,82 @@
+"""Prometheus metrics: counters from the worker signals, queue depth and
+latency read from the tables at scrape time (sa_jobqueue/prometheus.py)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from jobapp import TaskJob, jobs
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Engine, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from sa_jobqueue import JobSpec, RetryPolicy, TaskRegistry, Worker
+from sa_jobqueue.prometheus import JobMetrics, QueueCollector
+
+
+def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_counters_follow_what_the_worker_did(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    registry = TaskRegistry()
+
+    @registry.task("ok")
+    def ok(job: TaskJob) -> None:
+        pass
+
+    @registry.task("bad", retry=RetryPolicy(base=timedelta(0), max_delay=timedelta(0), jitter=0))
+    def bad(job: TaskJob, session: Session) -> None:
+        raise RuntimeError("no")
+
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("ok", queue="q") for _ in range(4)])
+        jobs.enqueue(session, "bad", queue="q", max_attempts=2)
+    prom = CollectorRegistry()
+    metrics = JobMetrics(prom).connect()
+    try:
+        Worker(engine, jobs, registry, queues="q", concurrency=2, listen=False).run(until_empty=True)
+    finally:
+        metrics.disconnect()
+    assert _value(prom, "sa_jobqueue_jobs_started_total", task="ok", queue="q") == 4
+    assert _value(prom, "sa_jobqueue_jobs_succeeded_total", task="ok", queue="q") == 4
+    assert _value(prom, "sa_jobqueue_jobs_started_total", task="bad", queue="q") == 2
+    assert _value(prom, "sa_jobqueue_jobs_failed_total", task="bad", queue="q", status="pending") == 1
+    assert _value(prom, "sa_jobqueue_jobs_failed_total", task="bad", queue="q", status="dead") == 1
+    assert _value(prom, "sa_jobqueue_job_duration_seconds_count", task="ok", queue="q", outcome="succeeded") == 4
+
+
+def test_reaped_jobs_are_counted(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("noop", queue="r"), JobSpec("noop", queue="r", max_attempts=1)])
+    with sessions.begin() as session:
+        claimed = jobs.claim(session, queues="r", limit=2, lease=timedelta(seconds=60))
+        # As if their worker had died a minute ago.
+        session.execute(update(TaskJob).where(TaskJob.id.in_([j.id for j in claimed]))
+                        .values(lease_expires_at=TaskJob.lease_expires_at - timedelta(minutes=2)))
+    prom = CollectorRegistry()
+    metrics = JobMetrics(prom).connect()
+    try:
+        Worker(engine, jobs, TaskRegistry(), queues="nothing-here", listen=False).run(until_empty=True)
+    finally:
+        metrics.disconnect()
+    assert _value(prom, "sa_jobqueue_jobs_reaped_total", table="task_jobs", status="pending") == 1
+    assert _value(prom, "sa_jobqueue_jobs_reaped_total", table="task_jobs", status="dead") == 1
+
+
+def test_queue_depth_and_latency_at_scrape_time(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    prom = CollectorRegistry()
+    QueueCollector(engine, [jobs]).register(prom)
+    assert prom.get_sample_value("sa_jobqueue_jobs", {"table": "task_jobs", "queue": "a", "status": "pending"}) is None
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("noop", queue="a") for _ in range(3)])
+        jobs.enqueue(session, "noop", queue="b", delay=3600)  # not runnable: no latency
+    time.sleep(0.05)
+    assert _value(prom, "sa_jobqueue_jobs", table="task_jobs", queue="a", status="pending") == 3
+    assert _value(prom, "sa_jobqueue_jobs", table="task_jobs", queue="b", status="pending") == 1
+    assert _value(prom, "sa_jobqueue_oldest_runnable_age_seconds", table="task_jobs", queue="a") > 0
+    assert prom.get_sample_value(
+        "sa_jobqueue_oldest_runnable_age_seconds", {"table": "task_jobs", "queue": "b"}
+    ) is None
