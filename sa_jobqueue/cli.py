@@ -28,12 +28,12 @@ import logging
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, cast
 
 import click
-from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy import Engine, create_engine, func, literal, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -285,7 +285,7 @@ def worker(
         try:
             with database_errors(engine, repository.table.name):
                 with engine.connect() as conn:  # fail fast, in one line, when the server is unreachable
-                    conn.execute(select(func.count()).select_from(repository.table)).scalar_one()
+                    conn.execute(select(literal(1)).select_from(repository.table).limit(1)).all()
                 try:
                     built = Worker(
                         engine, repository, target, queues=list(queues) or "default", concurrency=concurrency,
@@ -552,12 +552,15 @@ def purge(
     with database_errors(engine, t.name):
         with Session(engine) as session, session.begin():
             expected = int(session.execute(count_stmt).scalar_one())
-        with click.progressbar(length=expected, label=f"purging {t.name}", file=sys.stderr) as bar:
+        # A progress bar on a terminal; logs and pipes get the final line only.
+        bar = click.progressbar(length=expected, label=f"purging {t.name}", file=sys.stderr)
+        with bar if sys.stderr.isatty() else nullcontext(bar):
             while True:
                 with Session(engine) as session, session.begin():
                     deleted = repository.purge(session, statuses=chosen, older_than=older_than, limit=batch_size)
                 total += deleted
-                bar.update(deleted)
+                if sys.stderr.isatty():
+                    bar.update(deleted)
                 if deleted == 0:
                     break
     click.echo(f"purged {total} job(s)")

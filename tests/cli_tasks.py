@@ -39,3 +39,11 @@ def record(job: Job, session: Session) -> None:
 def make_worker() -> Worker:
     engine = create_engine(psycopg_url(os.environ["DATABASE_URL"]))
     return Worker(engine, JobRepository(Job), tasks, concurrency=2)
+
+
+def broken_factory() -> Worker:
+    raise RuntimeError("no configuration here")
+
+
+def not_a_worker() -> object:
+    return tasks

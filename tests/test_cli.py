@@ -212,6 +212,9 @@ def test_health(cli_url: str, cli_engine: Engine) -> None:
         (["worker", "cli_tasks:Done"], "TaskRegistry"),
         (["worker", "cli_tasks:make_worker", "--concurrency", "3"], "factory"),
         (["worker", "cli_tasks:tasks", "--concurrency", "0"], "concurrency"),
+        (["worker", "cli_tasks:broken_factory"], "RuntimeError: no configuration here"),
+        (["worker", "cli_tasks:not_a_worker"], "not a Worker"),
+        (["worker", "cli_tasks:tasks", "--mode", "transaction", "--batch-size", "0"], "batch_size"),
     ],
 )
 def test_user_mistakes(cli_url: str, cli_engine: Engine, args: list[str], contains: str) -> None:
