@@ -260,16 +260,17 @@ def test_core_does_not_import_click() -> None:
 # -- the worker command, in a process of its own -----------------------------
 
 
-def test_worker_runs_jobs_until_sigterm(cli_url: str, cli_engine: Engine) -> None:
-    ok(cli_url, "enqueue", "record", "--payload", '{"note": "before"}')
+def _run_worker(cli_url: str, cli_engine: Engine, args: list[str], queue: str) -> dict[str, int]:
+    """Start ``sa-jobqueue worker ARGS`` in a process, enqueue a job before and one after, wait for both
+    to commit their ledger rows, stop it with SIGTERM; return its printed result."""
+    ok(cli_url, "enqueue", "record", "--payload", '{"note": "before"}', "--queue", queue)
     env = os.environ | {"DATABASE_URL": cli_url, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sa_jobqueue.cli", "worker", "cli_tasks:tasks", "--concurrency", "2",
-         "--queue", "default", "--queue", "other"],
+        [sys.executable, "-m", "sa_jobqueue.cli", "worker", *args],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        ok(cli_url, "enqueue", "record", "--payload", '{"note": "after"}', "--queue", "other")
+        ok(cli_url, "enqueue", "record", "--payload", '{"note": "after"}', "--queue", queue)
         deadline = time.monotonic() + 20
         notes: list[str | None] = []
         while time.monotonic() < deadline and proc.poll() is None:
@@ -286,6 +287,27 @@ def test_worker_runs_jobs_until_sigterm(cli_url: str, cli_engine: Engine) -> Non
             proc.kill()
             proc.communicate(timeout=10)
     assert proc.returncode == 0, stderr
-    assert json.loads(stdout.strip().splitlines()[-1])["completed"] == 2
     with cli_engine.connect() as conn:
         assert conn.execute(select(Job.id)).first() is None
+    result: dict[str, int] = json.loads(stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_worker_runs_a_registry_until_sigterm(cli_url: str, cli_engine: Engine) -> None:
+    args = ["cli_tasks:tasks", "--concurrency", "2", "--queue", "default", "--queue", "other"]
+    assert _run_worker(cli_url, cli_engine, args, "other")["completed"] == 2
+
+
+def test_worker_runs_a_factory_until_sigterm(cli_url: str, cli_engine: Engine) -> None:
+    assert _run_worker(cli_url, cli_engine, ["cli_tasks:make_worker"], "default")["completed"] == 2
+
+
+def test_custom_model(libpq_url: str, engine: Engine) -> None:
+    import jobapp
+
+    job_id = int(ok(libpq_url, "enqueue", "ledger", "--model", "jobapp:EmailJob", "--queue", "q"))
+    stats = ok(libpq_url, "stats", "--model", "jobapp:EmailJob").splitlines()
+    assert stats[2].split()[:3] == ["q", "pending", "1"]
+    assert ok(libpq_url, "stats", "--model", "jobapp:TaskJob").startswith("no jobs in task_jobs")
+    with engine.connect() as conn:
+        assert conn.execute(select(jobapp.EmailJob.task).where(jobapp.EmailJob.id == job_id)).scalar_one() == "ledger"
