@@ -20,8 +20,8 @@ The history is kept in ``sa_jobqueue_alembic_version`` rather than the usual
 ``alembic_version``, so these revisions can run against an application's
 database that has an Alembic history of its own. Autogenerate (``alembic
 check``, ``revision --autogenerate``) looks only at the tables of
-``sa_jobqueue.default.Base.metadata``: the application's other tables are
-neither reported as drift nor dropped.
+``sa_jobqueue.default.Base.metadata`` and ``sa_jobqueue.periodic.PeriodicBase.metadata``:
+the application's other tables are neither reported as drift nor dropped.
 """
 
 from __future__ import annotations
@@ -35,12 +35,15 @@ from sqlalchemy.engine import Connection
 
 from alembic import context
 from sa_jobqueue.default import Base
+from sa_jobqueue.periodic import PeriodicBase
 from sa_jobqueue.urls import psycopg_url
 
 VERSION_TABLE = "sa_jobqueue_alembic_version"
 
 config = context.config
-target_metadata = Base.metadata
+# The default job table and the periodic schedules' table (sa_jobqueue_periodic).
+target_metadata = [Base.metadata, PeriodicBase.metadata]
+OWN_TABLES = {name for metadata in target_metadata for name in metadata.tables}
 
 # A caller that hands over its connection also owns its logging setup.
 if config.config_file_name is not None and "connection" not in config.attributes:
@@ -63,7 +66,7 @@ def _include_name(
     # database; without the filter, autogenerate would propose dropping every
     # other table of the application.
     if type_ == "table":
-        return name in target_metadata.tables
+        return name in OWN_TABLES
     return True
 
 

@@ -25,6 +25,7 @@ from .errors import (
     RetryJob,
 )
 from .mixin import STATUSES, JobMixin, job_table_args
+from .periodic import Periodic, PeriodicScheduler, create_periodic_table
 from .registry import Task, TaskRegistry
 from .repository import JobRepository, QueueStats, ReapResult
 from .retry import RetryPolicy
@@ -43,6 +44,8 @@ __all__ = [
     "JobRepository",
     "JobSpec",
     "JobTableError",
+    "Periodic",
+    "PeriodicScheduler",
     "QueueStats",
     "ReapResult",
     "RetryJob",
@@ -51,6 +54,7 @@ __all__ = [
     "TaskRegistry",
     "Worker",
     "WorkerResult",
+    "create_periodic_table",
     "job_table_args",
     "psycopg_url",
 ]

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from .errors import InvalidArgumentError
+from .mixin import DEFAULT_QUEUE
+from .periodic import Periodic, check_cron
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from .spec import check_bool, check_name, positive_int
 
@@ -92,6 +94,9 @@ class TaskRegistry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
+        self._periodic: list[Periodic] = []
+        # @periodic applied before @task (written below it): resolved by handler later.
+        self._pending: list[tuple[Handler, dict[str, Any]]] = []
 
     def register(
         self,
@@ -149,6 +154,95 @@ class TaskRegistry:
             return handler
 
         return decorate
+
+    # -- periodic jobs (see sa_jobqueue/periodic.py, docs/periodic.md) ----
+
+    def schedule(
+        self,
+        cron: str,
+        task: str,
+        *,
+        payload: Any = None,
+        queue: str = DEFAULT_QUEUE,
+        catch_up: bool = False,
+        name: str | None = None,
+        priority: int = 0,
+    ) -> Periodic:
+        """Enqueue ``task`` at every tick of ``cron`` (UTC; 5 fields, or 6 with
+        seconds last). ``name`` (default: the task's) tells the schedules of a
+        queue apart, like a Celery beat entry's key. Raises
+        :class:`InvalidArgumentError` naming the bad option."""
+        check_cron("cron", cron)
+        check_name("task", task)
+        entry = Periodic(
+            cron=cron, task=task, name=task if name is None else name, payload=payload, queue=queue,
+            catch_up=catch_up, priority=priority,
+        )
+        if any(e.queue == entry.queue and e.name == entry.name for e in self._periodic):
+            raise InvalidArgumentError(
+                "name", f"a schedule {entry.name!r} on queue {entry.queue!r} exists; give this one another name"
+            )
+        self._periodic.append(entry)
+        return entry
+
+    def periodic(
+        self,
+        cron: str,
+        *,
+        payload: Any = None,
+        queue: str = DEFAULT_QUEUE,
+        catch_up: bool = False,
+        name: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[F], F]:
+        """Decorator: a schedule for the task of the decorated handler, stacked
+        with ``@registry.task`` (above or below it)::
+
+            @tasks.periodic("*/5 * * * *", payload={"kind": "digest"})
+            @tasks.task
+            def send_digest(job, session): ...
+
+        The expression is checked at once; the task is found by its handler.
+        """
+        options: dict[str, Any] = {
+            "payload": payload, "queue": queue, "catch_up": catch_up, "name": name, "priority": priority,
+        }
+        check_cron("cron", cron)
+        # Everything but the task name is checked now, not at the first tick.
+        Periodic(
+            cron=cron, task="-", name="-" if name is None else name, payload=payload, queue=queue,
+            catch_up=catch_up, priority=priority,
+        )
+
+        def decorate(handler: F) -> F:
+            if not callable(handler):
+                raise InvalidArgumentError("handler", "must be callable")
+            task = self._task_of(handler)
+            if task is None:
+                self._pending.append((handler, {"cron": cron, **options}))
+            else:
+                self.schedule(cron, task.name, **options)
+            return handler
+
+        return decorate
+
+    @property
+    def periodic_tasks(self) -> list[Periodic]:
+        """The schedules, in registration order."""
+        while self._pending:
+            handler, options = self._pending[0]
+            task = self._task_of(handler)
+            if task is None:
+                raise InvalidArgumentError(
+                    "handler", f"{getattr(handler, '__name__', handler)!r} has a @periodic schedule but is "
+                    "not a registered task; add @registry.task"
+                )
+            self._pending.pop(0)
+            self.schedule(options.pop("cron"), task.name, **options)
+        return list(self._periodic)
+
+    def _task_of(self, handler: Handler) -> Task | None:
+        return next((t for t in self._tasks.values() if t.handler is handler), None)
 
     def get(self, name: str) -> Task | None:
         return self._tasks.get(name) if isinstance(name, str) else None

@@ -47,6 +47,7 @@ from .completions import CompletionBuffer
 from .errors import InvalidArgumentError
 from .execution import READ_COMMITTED, JobRunner
 from .listener import Listener
+from .periodic import PeriodicScheduler, check_interval
 from .registry import TaskRegistry
 from .repository import DEFAULT_LEASE, JobRepository, default_worker_name
 from .slots import Slots
@@ -101,6 +102,7 @@ class Worker:
         batch_size: int | None = None,
         name: str | None = None,
         stall_timeout: timedelta | None = DEFAULT_STALL_TIMEOUT,
+        periodic_interval: float = 1.0,
     ) -> None:
         if isinstance(bind, Engine):
             self._sessions: sessionmaker[Session] = sessionmaker(bind, expire_on_commit=False)
@@ -181,6 +183,12 @@ class Worker:
         # job leaves before its finishing statement, so a heartbeat never
         # mistakes a job completed a moment ago for a lost one.
         self._running: dict[Any, tuple[JobRepository[Any], Any]] = {}
+        # Periodic jobs (sa_jobqueue/periodic.py): the registry's schedules of
+        # the queues this worker serves, enqueued into its first job table.
+        self.periodic_interval = check_interval("periodic_interval", periodic_interval)
+        scheduler = PeriodicScheduler(repos[0], tasks, queues=queues)
+        self._periodic = scheduler if scheduler else None
+        self._periodic_failing = False
 
     # -- public ----------------------------------------------------------
 
@@ -217,6 +225,7 @@ class Worker:
         idle_wait = 0.0
         next_reap = time.monotonic()
         next_heartbeat = next_reap if self.mode == "lease" else float("inf")
+        next_periodic = next_reap if self._periodic is not None else float("inf")
         found = True  # did the latest claim find work?
         next_probe = 0.0  # while idle: when to claim again (unless woken)
         while not self._stopping.is_set():
@@ -228,6 +237,10 @@ class Worker:
             if now >= next_heartbeat:
                 self._heartbeat()
                 next_heartbeat = now + self.heartbeat_interval
+            if now >= next_periodic:
+                if self._run_periodic():
+                    found = True  # claim what was just enqueued, without waiting for a NOTIFY
+                next_periodic = now + self.periodic_interval
             ran, empty = slots.take_results()
             if self._completions.due():
                 self._flush_completions()
@@ -292,7 +305,7 @@ class Worker:
                 timeout = self.poll_interval  # a finishing slot wakes the loop sooner
             else:
                 timeout = next_probe - time.monotonic()
-            self._wake.wait(self._sleep_for(timeout, next_heartbeat, next_reap))
+            self._wake.wait(self._sleep_for(timeout, next_heartbeat, next_reap, next_periodic))
         while len(slots) or len(claimers):
             self._wake.wait(self.poll_interval)
             self._wake.clear()
@@ -462,6 +475,24 @@ class Worker:
                                  requeued=reaped.requeued, dead=reaped.dead)
             except Exception:
                 log.exception("worker %s: reap failed", self.name)
+
+    def _run_periodic(self) -> bool:
+        """Enqueue the due ticks of the periodic schedules; True if any job was enqueued."""
+        assert self._periodic is not None
+        try:
+            with self._sessions() as session, session.begin():
+                session.connection(execution_options=READ_COMMITTED)
+                jobs = self._periodic.run_due(session)
+        except Exception:
+            # Logged once per run of failures (a missing sa_jobqueue_periodic
+            # table would otherwise log every periodic_interval).
+            if not self._periodic_failing:
+                log.exception("worker %s: the periodic pass failed (is the table sa_jobqueue_periodic "
+                              "created? see docs/periodic.md)", self.name)
+            self._periodic_failing = True
+            return False
+        self._periodic_failing = False
+        return bool(jobs)
 
     def _flush_completions(self, *, final: bool = False) -> None:
         """Write buffered completions, one fenced statement (and transaction) per table.

@@ -28,6 +28,7 @@ from alembic import command
 from sa_jobqueue import InvalidArgumentError
 from sa_jobqueue.default import Base as DefaultBase
 from sa_jobqueue.migrations import QUEUE_STORAGE, queue_storage
+from sa_jobqueue.periodic import PERIODIC_TABLE, PeriodicBase
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TABLE = "sa_jobqueue_jobs"
@@ -211,12 +212,15 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     assert {DEFAULT_TABLE, "sa_jobqueue_alembic_version"} <= tables(url)
     assert_job_objects(url, DEFAULT_TABLE)
     assert reloptions(url, DEFAULT_TABLE) == expected_reloptions(dict(QUEUE_STORAGE))
-    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0001",)]
+    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0002",)]
     # The application's history and tables are left alone.
     assert query(url, "SELECT version_num FROM alembic_version") == [("app_rev_42",)]
     # The schema the revisions build is the schema the model declares.
     reference = reference_snapshot(create_database, DefaultBase.metadata, [DEFAULT_TABLE])
     assert snapshot(url, [DEFAULT_TABLE]) == reference
+    # Revision 0002: the periodic schedules' table, as its model declares it.
+    periodic_reference = reference_snapshot(create_database, PeriodicBase.metadata, [PERIODIC_TABLE])
+    assert snapshot(url, [PERIODIC_TABLE]) == periodic_reference
     ids = query(url, "SELECT is_identity FROM information_schema.columns "
                 "WHERE table_name = :t AND column_name = 'id'", t=DEFAULT_TABLE)
     assert ids == [("YES",)]
@@ -227,6 +231,9 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     # No drift, and the application's own table is not reported as one to drop.
     assert_no_drift(REPO, url)
 
+    alembic_cli("downgrade", "0001", cwd=REPO, database_url=url)
+    assert PERIODIC_TABLE not in tables(url)
+    assert DEFAULT_TABLE in tables(url)
     alembic_cli("downgrade", "base", cwd=REPO, database_url=url)
     assert DEFAULT_TABLE not in tables(url)
     assert "app_users" in tables(url)
@@ -234,6 +241,7 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
 
     alembic_cli("upgrade", "head", cwd=REPO, database_url=url)
     assert snapshot(url, [DEFAULT_TABLE]) == reference
+    assert snapshot(url, [PERIODIC_TABLE]) == periodic_reference
     assert reloptions(url, DEFAULT_TABLE) == expected_reloptions(dict(QUEUE_STORAGE))
     assert_no_drift(REPO, url)
 

@@ -13,7 +13,7 @@ def test_public_api_is_pinned() -> None:
         "STATUSES", "InvalidArgumentError", "JobLostError", "JobMixin", "JobQueueError",
         "JobRepository", "JobSpec", "JobTableError", "QueueStats", "ReapResult", "RetryJob",
         "RetryPolicy", "Task", "TaskRegistry", "Worker", "WorkerResult", "job_table_args",
-        "psycopg_url",
+        "psycopg_url", "Periodic", "PeriodicScheduler", "create_periodic_table",
     ])
     for name in sa_jobqueue.__all__:
         assert getattr(sa_jobqueue, name) is not None

@@ -1,0 +1,272 @@
+"""Periodic jobs: cron schedules whose ticks are enqueued exactly once.
+
+::
+
+    @tasks.periodic("*/5 * * * *", payload={"kind": "digest"})
+    @tasks.task
+    def send_digest(job: EmailJob, session: Session) -> None: ...
+
+    tasks.schedule("0 3 * * *", "cleanup", name="nightly-cleanup")  # no decorator
+
+Every worker whose registry has schedules runs a due-pass every
+``periodic_interval`` seconds (:meth:`PeriodicScheduler.run_due`). The table
+``sa_jobqueue_periodic`` keeps, per schedule (job table, queue, name), the
+last tick enqueued. A pass moves that tick forward with a compare-and-set
+upsert in the same transaction as the enqueue; of several workers that see
+the same tick, only the one whose upsert matched enqueues it, and the row is
+kept after the tick's job is done and deleted. See docs/periodic.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, cast
+
+from croniter import croniter  # type: ignore[import-untyped]
+from sqlalchemy import DateTime, Engine, String, Table, Text, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from .errors import InvalidArgumentError
+from .mixin import DEFAULT_QUEUE
+from .spec import JobSpec, check_aware, check_bool, check_name, check_session, to_row
+
+if TYPE_CHECKING:
+    from .registry import TaskRegistry
+    from .repository import JobRepository
+
+log = logging.getLogger("sa_jobqueue.periodic")
+
+PERIODIC_TABLE = "sa_jobqueue_periodic"
+# catch_up=True enqueues at most this many missed ticks of one schedule per
+# pass; the next pass goes on from the last one enqueued.
+MAX_CATCH_UP = 100
+_DEDUPE_SEPARATOR = "@"
+
+
+class PeriodicBase(DeclarativeBase):
+    """The declarative base of :class:`PeriodicState` (a target of the
+    project's Alembic environment next to ``sa_jobqueue.default.Base``)."""
+
+
+class PeriodicState(PeriodicBase):
+    """The last tick enqueued per schedule; ``name`` is ``<job table>/<queue>/<schedule name>``."""
+
+    __tablename__ = PERIODIC_TABLE
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    last_tick: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    cron: Mapped[str] = mapped_column(String(255))
+
+
+PERIODIC = cast(Table, PeriodicState.__table__)
+
+
+def create_periodic_table(bind: Engine | Connection) -> None:
+    """Create ``sa_jobqueue_periodic`` unless it exists (the Alembic revision 0002 does the same)."""
+    if not isinstance(bind, (Engine, Connection)):
+        raise InvalidArgumentError("bind", "must be an Engine or a Connection")
+    PeriodicBase.metadata.create_all(bind, checkfirst=True)
+
+
+def check_cron(parameter: str, value: object) -> str:
+    """A cron expression croniter accepts: 5 fields (minute … day of week), 6
+    (the sixth is seconds), or an alias such as ``@hourly``; one that never
+    fires (``0 0 31 2 *``) is refused too."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(parameter, f"must be a cron expression string, got {type(value).__name__}")
+    expression = " ".join(value.split())
+    fields = len(expression.split(" "))
+    if not expression.startswith("@") and fields not in (5, 6):
+        raise InvalidArgumentError(
+            parameter, f"must have 5 fields (or 6, the last being seconds), got {fields}: {value!r}"
+        )
+    if len(expression) > 255 or not croniter.is_valid(expression):
+        raise InvalidArgumentError(parameter, f"is not a valid cron expression: {value!r}")
+    try:
+        croniter(expression, datetime(2000, 1, 1, tzinfo=timezone.utc)).get_next(datetime)
+    except Exception:
+        raise InvalidArgumentError(parameter, f"never fires: {value!r}") from None
+    return expression
+
+
+def check_interval(parameter: str, value: object) -> float:
+    """A worker's ``periodic_interval``: finite seconds, more than 0 and at most an hour."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(parameter, f"must be a number of seconds, got {type(value).__name__}")
+    if not (math.isfinite(value) and 0 < value <= 3600):
+        raise InvalidArgumentError(parameter, f"must be more than 0 and at most 3600 seconds, got {value}")
+    return float(value)
+
+
+@dataclass(frozen=True, eq=False)
+class Periodic:
+    """One schedule: enqueue ``task`` with ``payload`` on ``queue`` at every tick of ``cron`` (UTC).
+
+    ``name`` identifies the schedule in ``sa_jobqueue_periodic`` (default: the
+    task's name); two schedules of one task on one queue need distinct names.
+    ``catch_up``: after downtime, enqueue every missed tick (True, at most
+    :data:`MAX_CATCH_UP` per pass) or only the latest due one (False).
+    """
+
+    cron: str
+    task: str
+    name: str
+    payload: Any = None
+    queue: str = DEFAULT_QUEUE
+    catch_up: bool = False
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cron", check_cron("cron", self.cron))
+        check_name("task", self.task)
+        check_name("name", self.name)
+        check_bool("catch_up", self.catch_up)
+        # The job's own checks (queue, priority, payload), before any tick is due.
+        to_row(JobSpec(task=self.task, payload=self.payload, queue=self.queue, priority=self.priority), frozenset())
+
+    def ticks_after(self, after: datetime, now: datetime, limit: int) -> list[datetime]:
+        """Up to ``limit`` ticks in ``(after, now]``, oldest first."""
+        it = croniter(self.cron, after)
+        ticks: list[datetime] = []
+        while len(ticks) < limit:
+            tick: datetime = it.get_next(datetime)
+            if tick > now:
+                break
+            ticks.append(tick)
+        return ticks
+
+    def latest_tick(self, now: datetime) -> datetime:
+        """The latest tick at or before ``now``."""
+        tick: datetime = croniter(self.cron, now + timedelta(microseconds=1)).get_prev(datetime)
+        return tick
+
+    @staticmethod
+    def tick_of(job: Any) -> datetime | None:
+        """The tick a periodic job was enqueued for (kept in its dedupe key, so
+        retries keep it too); None for a job that is not periodic."""
+        key = getattr(job, "dedupe_key", None)
+        if not isinstance(key, str) or not key.startswith("periodic:") or _DEDUPE_SEPARATOR not in key:
+            return None
+        try:
+            return datetime.fromisoformat(key.rsplit(_DEDUPE_SEPARATOR, 1)[1])
+        except ValueError:
+            return None
+
+
+class PeriodicScheduler:
+    """Enqueues the due ticks of a set of schedules into one job table.
+
+    The worker builds one from its registry and its first repository, with
+    the schedules of the queues it serves; tests and apps can call
+    :meth:`run_due` themselves with an explicit ``now``.
+    """
+
+    def __init__(
+        self,
+        repository: JobRepository[Any],
+        schedules: TaskRegistry | Iterable[Periodic],
+        *,
+        queues: Sequence[str] | None = None,
+    ) -> None:
+        from .registry import TaskRegistry
+        from .repository import JobRepository
+
+        if not isinstance(repository, JobRepository):
+            raise InvalidArgumentError("repository", "must be a JobRepository")
+        entries = schedules.periodic_tasks if isinstance(schedules, TaskRegistry) else list(schedules)
+        for entry in entries:
+            if not isinstance(entry, Periodic):
+                raise InvalidArgumentError("schedules", f"must hold Periodic entries, got {type(entry).__name__}")
+        self.repository = repository
+        self.schedules = [e for e in entries if queues is None or e.queue in queues]
+        self._keys = {e: f"{repository.table.name}/{e.queue}/{e.name}" for e in self.schedules}
+        # Per schedule, the latest tick this process knows is taken: a pass
+        # whose due tick is not newer sends nothing but SELECT now().
+        self._known: dict[Periodic, datetime] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.schedules)
+
+    def key(self, entry: Periodic) -> str:
+        """The row name of ``entry`` in ``sa_jobqueue_periodic``."""
+        return self._keys[entry]
+
+    def run_due(self, session: Session, *, now: datetime | None = None) -> list[Any]:
+        """Enqueue the ticks due at ``now`` (default: the database's ``now()``)
+        in the caller's transaction and return the jobs enqueued.
+
+        Commit the session's transaction to publish both the jobs and the
+        ticks taken; a rollback undoes both. A schedule seen for the first
+        time records its latest tick and enqueues nothing: ticks before a
+        schedule existed are not owed.
+        """
+        check_session(session)
+        if now is None:
+            now = session.execute(select(func.now())).scalar_one()
+        now = check_aware("now", now)
+        assert now is not None
+        now = now.astimezone(timezone.utc)
+        due = [e for e in self.schedules if e not in self._known or self._known[e] < e.latest_tick(now)]
+        if not due:
+            return []
+        table = PERIODIC
+        rows = session.execute(
+            select(table.c.name, table.c.last_tick).where(table.c.name.in_([self._keys[e] for e in due]))
+        ).all()
+        seen: dict[str, datetime] = {name: tick for name, tick in rows}
+        jobs: list[Any] = []
+        for entry in due:
+            key = self._keys[entry]
+            last = seen.get(key)
+            if last is None:
+                ticks: list[datetime] = []
+                target = entry.latest_tick(now)
+            elif entry.catch_up:
+                ticks = entry.ticks_after(last, now, MAX_CATCH_UP)
+                target = ticks[-1] if ticks else last
+            else:
+                latest = entry.latest_tick(now)
+                ticks = [latest] if latest > last else []
+                target = latest
+            if last is not None and not ticks:
+                self._known[entry] = last
+                continue
+            if not self._advance(session, entry, key, last, target):
+                log.debug("periodic %s: another worker took the ticks up to %s first", key, target)
+                continue
+            self._known[entry] = target
+            if ticks:
+                jobs.extend(self.repository.enqueue_many(session, [
+                    JobSpec(
+                        task=entry.task, payload=entry.payload, queue=entry.queue, priority=entry.priority,
+                        run_at=tick, dedupe_key=f"periodic:{entry.name}{_DEDUPE_SEPARATOR}{tick.isoformat()}",
+                    )
+                    for tick in ticks
+                ]))
+        return jobs
+
+    def _advance(self, session: Session, entry: Periodic, key: str, last: datetime | None, target: datetime) -> bool:
+        """Compare-and-set the schedule's last tick from ``last`` to ``target``.
+
+        The row lock of the upsert serialises workers; after waiting for
+        another's commit, the WHERE is evaluated on the row that committed,
+        so only one of them sees its upsert return a row.
+        """
+        table = PERIODIC
+        insert = pg_insert(table).values(name=key, last_tick=target, cron=entry.cron)
+        if last is None:
+            # A first sighting: a concurrent first insert wins, this one returns nothing.
+            statement = insert.on_conflict_do_nothing(index_elements=[table.c.name])
+        else:
+            statement = insert.on_conflict_do_update(
+                index_elements=[table.c.name],
+                set_={"last_tick": insert.excluded.last_tick, "cron": insert.excluded.cron},
+                where=(table.c.last_tick == last) & (table.c.last_tick < insert.excluded.last_tick),
+            )
+        return session.execute(statement.returning(table.c.name)).first() is not None
