@@ -197,9 +197,21 @@ def _short(value: object, limit: int = 60) -> str:
 
 
 class _State:
-    def __init__(self, database_url: str | None) -> None:
+    """What the commands share: the engine, built from the URL on first use.
+
+    A ready ``engine`` (an application's, e.g. ``flask jobs``) is used as it
+    is and never disposed here; ``repository`` is then the job table used
+    when ``--model`` is not given.
+    """
+
+    def __init__(
+        self, database_url: str | None, *, engine: Engine | None = None,
+        repository: JobRepository[Any] | None = None,
+    ) -> None:
         self.database_url = database_url
-        self._engine: Engine | None = None
+        self._engine: Engine | None = engine
+        self._owns_engine = engine is None
+        self.repository = repository
 
     def engine(self) -> Engine:
         if self._engine is None:
@@ -207,7 +219,7 @@ class _State:
         return self._engine
 
     def close(self) -> None:
-        if self._engine is not None:
+        if self._engine is not None and self._owns_engine:
             self._engine.dispose()
 
 
@@ -222,6 +234,14 @@ def _state(ctx: click.Context) -> _State:
     if state is None:  # pragma: no cover - the group always sets it
         raise CliError("internal error: no CLI state")
     return state
+
+
+def _repository(ctx: click.Context, model_path: str) -> JobRepository[Any]:
+    """The job table of ``--model``, or the state's own when ``--model`` was not given."""
+    state = _state(ctx)
+    if state.repository is not None and ctx.get_parameter_source("model_path") is click.core.ParameterSource.DEFAULT:
+        return state.repository
+    return load_repository(model_path)
 
 
 # -- the group ---------------------------------------------------------------
@@ -277,7 +297,7 @@ def worker(
     """
     target = import_object(import_path, "IMPORT_PATH")
     if isinstance(target, TaskRegistry):
-        repository = load_repository(model_path)
+        repository = _repository(ctx, model_path)
         if concurrency < 1:
             raise CliUsageError(f"--concurrency: must be 1 or more, got {concurrency}")
         # A connection per slot, plus the control, claim and listener ones.
@@ -354,7 +374,7 @@ def enqueue(
             value = json.loads(payload)
         except ValueError as exc:
             raise CliUsageError(f"--payload: not valid JSON: {exc}") from None
-    repository = load_repository(model_path)
+    repository = _repository(ctx, model_path)
     engine = _state(ctx).engine()
     with database_errors(engine, repository.table.name), Session(engine) as session, session.begin():
         job = repository.enqueue(
@@ -373,7 +393,7 @@ def enqueue(
 @click.pass_context
 def stats(ctx: click.Context, model_path: str) -> None:
     """Jobs per queue and status, with the age of the oldest runnable job."""
-    repository = load_repository(model_path)
+    repository = _repository(ctx, model_path)
     engine = _state(ctx).engine()
     with database_errors(engine, repository.table.name), Session(engine) as session, session.begin():
         rows = repository.stats(session)
@@ -402,7 +422,7 @@ def jobs_list(
     ctx: click.Context, queue: str | None, statuses: tuple[str, ...], task: str | None, limit: int, model_path: str
 ) -> None:
     """Jobs, newest first."""
-    repository = load_repository(model_path)
+    repository = _repository(ctx, model_path)
     engine = _state(ctx).engine()
     t = repository.table
     stmt = select(t.c.id, t.c.queue, t.c.task, t.c.status, t.c.priority, t.c.attempts, t.c.run_at, t.c.last_error)
@@ -431,7 +451,7 @@ def jobs_list(
 @click.pass_context
 def jobs_show(ctx: click.Context, job_id: int, model_path: str) -> None:
     """Every column of one job; the payload as JSON."""
-    repository = load_repository(model_path)
+    repository = _repository(ctx, model_path)
     engine = _state(ctx).engine()
     t = repository.table
     with database_errors(engine, t.name), Session(engine) as session, session.begin():
@@ -487,7 +507,7 @@ def retry(
         raise CliUsageError("give job ids or --all-dead (one of the two)")
     if job_ids and (queue is not None or task is not None):
         raise CliUsageError("--queue and --task go with --all-dead only")
-    repository = load_repository(model_path)
+    repository = _repository(ctx, model_path)
     engine = _state(ctx).engine()
     if job_ids:
         count = _change_each(engine, repository, job_ids, repository.retry, "dead or cancelled (or its dedupe key "
@@ -516,7 +536,7 @@ def retry(
 @click.pass_context
 def cancel(ctx: click.Context, job_ids: tuple[int, ...], model_path: str) -> None:
     """Cancel pending jobs (all or none)."""
-    repository = load_repository(model_path)
+    repository = _repository(ctx, model_path)
     count = _change_each(_state(ctx).engine(), repository, job_ids, repository.cancel, "pending")
     click.echo(f"cancelled {count} job(s)")
 
@@ -541,7 +561,7 @@ def purge(
         older_than = parse_duration(older_than_text)
     except ValueError as exc:
         raise CliUsageError(f"--older-than: {exc}") from None
-    repository = load_repository(model_path)
+    repository = _repository(ctx, model_path)
     engine = _state(ctx).engine()
     chosen = list(statuses) or list(FINISHED_STATUSES)
     t = repository.table
@@ -571,7 +591,7 @@ def purge(
 @click.pass_context
 def reap(ctx: click.Context, model_path: str) -> None:
     """Send running jobs whose lease expired back to pending (or to dead)."""
-    repository = load_repository(model_path)
+    repository = _repository(ctx, model_path)
     engine = _state(ctx).engine()
     requeued = dead = 0
     with database_errors(engine, repository.table.name):
@@ -593,7 +613,7 @@ def reap(ctx: click.Context, model_path: str) -> None:
 @click.pass_context
 def health(ctx: click.Context, model_path: str) -> None:
     """Check the database and the job table; exit non-zero when either is unusable."""
-    repository = load_repository(model_path)
+    repository = _repository(ctx, model_path)
     engine = _state(ctx).engine()
     t = repository.table
     schema: str | None = t.schema

@@ -1,0 +1,1 @@
+"""Integrations with frameworks; each module imports its framework, the core never does."""
