@@ -159,6 +159,13 @@ class Periodic:
             return None
 
 
+def _utc(now: object) -> datetime:
+    checked = check_aware("now", now)  # type: ignore[arg-type]
+    if checked is None:
+        raise InvalidArgumentError("now", "must be an aware datetime")
+    return checked.astimezone(timezone.utc)
+
+
 class PeriodicScheduler:
     """Enqueues the due ticks of a set of schedules into one job table.
 
@@ -197,6 +204,12 @@ class PeriodicScheduler:
         """The row name of ``entry`` in ``sa_jobqueue_periodic``."""
         return self._keys[entry]
 
+    def due(self, now: datetime) -> list[Periodic]:
+        """The schedules that may have a tick to enqueue at ``now``: all but those
+        whose latest tick this process already saw taken (no statement is sent)."""
+        now = _utc(now)
+        return [e for e in self.schedules if e not in self._known or self._known[e] < e.latest_tick(now)]
+
     def run_due(self, session: Session, *, now: datetime | None = None) -> list[Any]:
         """Enqueue the ticks due at ``now`` (default: the database's ``now()``)
         in the caller's transaction and return the jobs enqueued.
@@ -209,10 +222,8 @@ class PeriodicScheduler:
         check_session(session)
         if now is None:
             now = session.execute(select(func.now())).scalar_one()
-        now = check_aware("now", now)
-        assert now is not None
-        now = now.astimezone(timezone.utc)
-        due = [e for e in self.schedules if e not in self._known or self._known[e] < e.latest_tick(now)]
+        now = _utc(now)
+        due = self.due(now)
         if not due:
             return []
         table = PERIODIC

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import signals
@@ -480,6 +480,13 @@ class Worker:
         """Enqueue the due ticks of the periodic schedules; True if any job was enqueued."""
         assert self._periodic is not None
         try:
+            if self._control is not None:
+                # Nothing new due (the usual case): one autocommit SELECT now(), no transaction.
+                with self._control_transaction() as session:
+                    now = session.execute(select(func.now())).scalar_one()
+                if not self._periodic.due(now):
+                    self._periodic_failing = False
+                    return False
             with self._sessions() as session, session.begin():
                 session.connection(execution_options=READ_COMMITTED)
                 jobs = self._periodic.run_due(session)

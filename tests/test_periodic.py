@@ -7,14 +7,17 @@ with a schedule that fires every second.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import jobapp
 import pytest
 from jobapp import TaskJob, jobs
-from sqlalchemy import Engine, delete, func, select, text
+from sqlalchemy import Engine, create_engine, delete, func, select, text
+from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobqueue import (
@@ -364,3 +367,35 @@ def test_a_worker_enqueues_and_runs_a_periodic_job(periodic_table: None, engine:
     assert ran and ran[0] is not None
     assert len(ran) == len(set(ran))  # one job per tick
     assert worker.result.completed >= 1
+
+
+def test_a_worker_without_the_periodic_table_logs_once_and_runs_jobs(
+    create_database: Callable[[], URL], caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = create_engine(create_database())
+    try:
+        jobapp.Base.metadata.create_all(engine)  # the job tables, not sa_jobqueue_periodic
+        registry = registry_with(("* * * * * *", {}))
+        with Session(engine) as session, session.begin():
+            jobs.enqueue(session, "tick")
+        worker = Worker(engine, jobs, registry, poll_interval=0.05, periodic_interval=0.05, listen=False)
+        done = threading.Event()
+        thread = threading.Thread(target=lambda: (worker.run(), done.set()))
+        with caplog.at_level(logging.ERROR, logger="sa_jobqueue.worker"):
+            thread.start()
+            try:
+                pause = threading.Event()  # never set: a bounded sleep
+                for _ in range(200):  # at most 10 s for the job; passes fail meanwhile
+                    if worker.result.completed:
+                        break
+                    pause.wait(0.05)
+                pause.wait(0.3)  # a few more failing passes: still one log record
+            finally:
+                worker.stop()
+                thread.join(timeout=30)
+        assert done.is_set()
+        assert worker.result.completed == 1
+        failures = [r for r in caplog.records if "periodic pass failed" in r.getMessage()]
+        assert len(failures) == 1
+    finally:
+        engine.dispose()
