@@ -76,9 +76,9 @@ def chain(job: Job) -> None:
     jobqueue.enqueue("write_note", {"text": "chained"})
 
 
-def create_app(url: str) -> Flask:
-    app = Flask("flask_jobs_test")
-    app.config.update(SQLALCHEMY_DATABASE_URI=url, WELCOME_FROM="the test app", PROPAGATE_EXCEPTIONS=False)
+def create_app(url: str, name: str = "flask_jobs_test", welcome_from: str = "the test app") -> Flask:
+    app = Flask(name)
+    app.config.update(SQLALCHEMY_DATABASE_URI=url, WELCOME_FROM=welcome_from, PROPAGATE_EXCEPTIONS=False)
     db.init_app(app)
     jobqueue.init_app(app, db)
 
@@ -207,6 +207,25 @@ def test_flask_jobs_commands(app: Flask) -> None:
     assert result.exit_code == 0
     for command in ("worker", "enqueue", "stats", "jobs", "retry", "cancel", "purge", "reap", "health"):
         assert command in result.output
+
+
+def test_one_jobqueue_on_two_apps(app: Flask) -> None:
+    """An app factory called twice: each app's jobs run in that app's context, on its engine."""
+    with app.app_context():
+        url = db.engine.url.render_as_string(hide_password=False)
+    other = create_app(url, name="second_app", welcome_from="the second app")
+    try:
+        with other.app_context():
+            jobqueue.enqueue("write_note", {"text": "hi"})
+            db.session.commit()
+        assert jobqueue.worker(other, listen=False, poll_interval=0.1).run(until_empty=True).completed == 1
+        assert _rows(app)[2] == ["the second app: hi"]
+        result = other.test_cli_runner().invoke(args=["jobs", "stats", "--model", "sa_jobqueue.default:Job"])
+        assert result.exit_code == 0, (result.output, result.exception)
+        assert result.output.strip() == "no jobs in sa_jobqueue_jobs"
+    finally:
+        with other.app_context():
+            db.engine.dispose()
 
 
 def test_flask_jobs_errors_are_one_line(app: Flask) -> None:
