@@ -51,11 +51,13 @@ class Slots:
             self._active += 1
         self._queue.put((call, args))
 
-    def take_results(self) -> tuple[int, int]:
-        """How many finished calls found work and how many found none, since the last take."""
+    def take_results(self) -> tuple[int, int, int]:
+        """How many finished calls found work and how many found none since the
+        last take, and how many calls are still in flight: one snapshot, so a
+        call is either counted as finished or as in flight, never neither."""
         with self._lock:
             ran, empty, self._ran, self._empty = self._ran, self._empty, 0, 0
-        return ran, empty
+            return ran, empty, self._active
 
     def close(self) -> None:
         """Let the submitted calls finish, then end the threads."""

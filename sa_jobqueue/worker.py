@@ -241,20 +241,22 @@ class Worker:
                 if self._run_periodic():
                     found = True  # claim what was just enqueued, without waiting for a NOTIFY
                 next_periodic = now + self.periodic_interval
-            ran, empty = slots.take_results()
+            # Claimers first: a claim that ends after its snapshot counts as in
+            # flight, and one that ended before has handed its jobs to the
+            # slots, whose snapshot comes next.
+            hits, misses, claiming = claimers.take_results()
+            ran, empty, inflight = slots.take_results()
             if self._completions.due():
                 self._flush_completions()
             if self._take_notification():
                 found = True
-            inflight = len(slots)
             free = self._capacity - inflight
             if self.mode == "lease":
                 # Claims run in claimer threads, up to CLAIMERS at once, so that
                 # the server works on the next batch while this one runs.
-                hits, misses = claimers.take_results()
                 if hits:
                     found, idle_wait = True, 0.0  # a short batch is not an empty queue
-                elif misses and not len(claimers):
+                elif misses and not claiming:
                     found = False
                     idle_wait = self._next_idle_wait(idle_wait)
                     next_probe = time.monotonic() + idle_wait
@@ -264,7 +266,7 @@ class Worker:
                     # before going idle, or before until_empty returns.
                     found = True
                 # While idle, one probe at a time, once the idle wait is over.
-                may_claim = found or (not len(claimers) and time.monotonic() >= next_probe)
+                may_claim = found or (not claiming and time.monotonic() >= next_probe)
                 # Two claims at once only while claims come back full: after a
                 # short one the queue is about empty, and one probe will do.
                 parallel = CLAIMERS if self._last_claim_full else 1
@@ -298,7 +300,8 @@ class Worker:
                     probes = 0
                 for _ in range(probes):
                     slots.submit(self._runner.run_transaction_batch)
-            if (self.mode == "lease" and until_empty and not found and not inflight and not len(claimers)
+            if (self.mode == "lease" and until_empty and not found and not inflight and not claiming
+                    and not len(claimers)
                     and not len(self._completions)):
                 break
             if found or (self.mode == "transaction" and inflight):
