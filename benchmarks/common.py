@@ -10,8 +10,10 @@ benchmark's ledger table.
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -113,7 +115,9 @@ def _admin(url: URL) -> psycopg.Connection:
     return psycopg.connect(libpq(url), autocommit=True, connect_timeout=10)
 
 
-def _migrate(url: URL) -> None:
+def migrate(url: URL) -> None:
+    """``alembic upgrade head`` with the project's revisions (an installed package
+    without the checkout's migrations: ``create_all`` and the queue storage parameters)."""
     from sqlalchemy import create_engine
 
     engine = create_engine(url)
@@ -128,13 +132,53 @@ def _migrate(url: URL) -> None:
                 config = Config(str(ini))
                 config.attributes["connection"] = connection
                 command.upgrade(config, "head")
-            else:  # an installed package without the checkout's migrations
+            else:
                 from sa_jobqueue.default import Base
+                from sa_jobqueue.migrations import queue_storage
 
                 Base.metadata.create_all(connection)
-            connection.exec_driver_sql(f"CREATE TABLE {LEDGER} (job_id bigint PRIMARY KEY)")
+                options = ", ".join(f"{k} = {v}" for k, v in queue_storage().items())
+                connection.exec_driver_sql(f"ALTER TABLE {TABLE} SET ({options})")
     finally:
         engine.dispose()
+
+
+def _migrate(url: URL) -> None:
+    migrate(url)
+    with psycopg.connect(libpq(url), autocommit=True, connect_timeout=10) as conn:
+        conn.execute(f"CREATE TABLE {LEDGER} (job_id bigint PRIMARY KEY)")
+
+
+class ChildProcess:
+    """A child process driven over stdin/stdout: its lines that start with
+    ``@@`` arrive, stripped, on :attr:`lines` (``None`` once it closed stdout)."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("@@"):
+                self.lines.put(line[2:].strip())
+        self.lines.put(None)
+
+    def send(self, word: str) -> None:
+        """Write one line to the child; a child that is gone is not an error here."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(word + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the child, by its PID, if it still runs."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
 
 
 class Databases:

@@ -28,7 +28,6 @@ import queue
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from common import (  # noqa: E402
     QUEUE,
     RAW_INSERT,
     TABLE,
+    ChildProcess,
     Databases,
     copy_jobs,
     core_version,
@@ -72,7 +72,7 @@ class BenchmarkError(RuntimeError):
 # -- child processes ---------------------------------------------------------------
 
 
-class Child:
+class Child(ChildProcess):
     """One process of child.py, driven over stdin/stdout."""
 
     def __init__(self, argv: list[str], profile: Path | None = None) -> None:
@@ -82,16 +82,7 @@ class Child:
             command = [str(spy), "record", "--nonblocking", "-r", "200", "-f", "raw", "-o", str(profile),
                        "--", *command]
         self.argv = argv
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("@@"):
-                self.lines.put(line[2:].strip())
-        self.lines.put(None)
+        super().__init__(command)
 
     def _next(self, timeout: float) -> str:
         try:
@@ -109,20 +100,10 @@ class Child:
             raise BenchmarkError(f"{self.argv[0]} process did not start")
         return self
 
-    def send(self, word: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(word + "\n")
-        self.proc.stdin.flush()
-
     def result(self, timeout: float) -> dict[str, Any]:
         out = json.loads(self._next(timeout))
         self.proc.wait(30)
         return out  # type: ignore[no-any-return]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 # -- measurements ----------------------------------------------------------------------

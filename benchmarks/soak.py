@@ -83,7 +83,6 @@ import queue
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -100,7 +99,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
-from common import QUEUE, TABLE, core_root, core_version, libpq, server, sqlalchemy_url  # noqa: E402
+from common import (  # noqa: E402
+    QUEUE,
+    TABLE,
+    ChildProcess,
+    core_version,
+    libpq,
+    migrate,
+    server,
+    sqlalchemy_url,
+)
 from sqlalchemy.engine import URL  # noqa: E402
 
 TASK = "soak"
@@ -253,24 +261,14 @@ def child_main(args: argparse.Namespace) -> None:
     say("done")
 
 
-class Child:
+class Child(ChildProcess):
     """One child process of this script, driven over stdin/stdout; results in a JSON file."""
 
     def __init__(self, role: str, dsn: str, out: Path, extra: list[str], deadline: float) -> None:
         self.role = role
         self.out = out
-        command = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--dsn", dsn, "--out", str(out),
-                   "--deadline", str(deadline), *extra]
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("@@"):
-                self.lines.put(line[2:].strip())
-        self.lines.put(None)
+        super().__init__([sys.executable, str(Path(__file__).resolve()), "--role", role, "--dsn", dsn,
+                          "--out", str(out), "--deadline", str(deadline), *extra])
 
     def expect(self, word: str, timeout: float) -> None:
         try:
@@ -279,14 +277,6 @@ class Child:
             raise SoakError(f"{self.role} (pid {self.proc.pid}) did not say {word!r} within {timeout:.0f} s") from None
         if line != word:
             raise SoakError(f"{self.role} (pid {self.proc.pid}) exited or said {line!r} instead of {word!r}")
-
-    def send(self, word: str) -> None:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(word + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -298,11 +288,6 @@ class Child:
         self.proc.wait(timeout=30)
         return json.loads(self.out.read_text())  # type: ignore[no-any-return]
 
-    def kill(self) -> None:
-        """SIGKILL this child, by its PID, if it still runs."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
 
 
 # -- the database: setup, samples, the pin, vacuums ----------------------------------------
@@ -310,33 +295,6 @@ class Child:
 
 def connect(dsn: str, name: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
     return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=10, application_name=name)
-
-
-def migrate(url: URL) -> None:
-    """``alembic upgrade head`` with the project's revisions, as benchmarks/run.py builds its template."""
-    from sqlalchemy import create_engine
-
-    engine = create_engine(url)
-    try:
-        ini = core_root() / "alembic.ini"
-        with engine.begin() as connection:
-            if ini.exists():
-                from alembic.config import Config
-
-                from alembic import command
-
-                config = Config(str(ini))
-                config.attributes["connection"] = connection
-                command.upgrade(config, "head")
-            else:  # an installed package without the checkout's migrations
-                from sa_jobqueue.default import Base
-                from sa_jobqueue.migrations import queue_storage
-
-                Base.metadata.create_all(connection)
-                options = ", ".join(f"{k} = {v}" for k, v in queue_storage().items())
-                connection.exec_driver_sql(f"ALTER TABLE {TABLE} SET ({options})")
-    finally:
-        engine.dispose()
 
 
 @dataclass
