@@ -22,6 +22,9 @@ What it does, in order:
    completion, or not at all.
 6. Checks exactly once: one ledger row per enqueued job, no duplicate, no
    job left in the queue. Exits 1 when the check fails.
+
+Progress bars (tqdm, on stderr) are drawn only when stderr is a terminal;
+piped into a file or a log, the demo writes its summary lines only.
 """
 
 from __future__ import annotations
@@ -303,7 +306,7 @@ def drain(
     try:
         children.wait_ready(READY_TIMEOUT)
         bars = {
-            name: tqdm(total=count, desc=f"{name:<8}", unit="job", position=i, dynamic_ncols=True)
+            name: tqdm(total=count, desc=f"{name:<8}", unit="job", position=i, dynamic_ncols=True, disable=None)
             for i, (name, count) in enumerate(per_queue.items())
         }
         started = time.monotonic()
@@ -364,7 +367,8 @@ def main(args: argparse.Namespace) -> int:
             from tqdm import tqdm
 
             started = time.monotonic()
-            with tqdm(total=args.jobs, desc="enqueue ", unit="job", dynamic_ncols=True) as bar:
+            # disable=None: no bar when stderr (tqdm's output) is not a terminal, so logs get no frames.
+            with tqdm(total=args.jobs, desc="enqueue ", unit="job", dynamic_ncols=True, disable=None) as bar:
                 ids = enqueue(engine, args.jobs, args.per_transaction, bar)
             enqueue_seconds = time.monotonic() - started
             transactions = -(-args.jobs // args.per_transaction)

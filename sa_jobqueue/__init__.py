@@ -23,6 +23,7 @@ from .errors import (
     JobQueueError,
     JobTableError,
     RetryJob,
+    WorkerStuckError,
 )
 from .mixin import STATUSES, JobMixin, job_table_args
 from .periodic import Periodic, PeriodicScheduler, create_periodic_table
@@ -54,6 +55,7 @@ __all__ = [
     "TaskRegistry",
     "Worker",
     "WorkerResult",
+    "WorkerStuckError",
     "create_periodic_table",
     "job_table_args",
     "psycopg_url",

@@ -16,11 +16,15 @@ own (whose defaults the client cannot know), when the session's driver is
 psycopg 3. Anything else takes the INSERT path. The COPY runs on the
 session's own connection and transaction: it commits or rolls back with the
 caller's writes. SQLAlchemy's ``before_cursor_execute`` events do not see it.
+
+:func:`write_order` decides in which order, and in which statements,
+``enqueue_many`` writes its rows.
 """
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -47,6 +51,38 @@ _SEQUENCE = text("SELECT pg_get_serial_sequence(:table, 'id')")
 # Fewer rows than this go through INSERT: COPY's extra round trip (the id
 # reservation) costs more than it saves on a handful of rows.
 COPY_THRESHOLD = 16
+
+
+def write_order(rows: Sequence[dict[str, Any]]) -> list[tuple[bool, list[int]]]:
+    """The statements ``enqueue_many`` writes checked ``rows`` with, in order:
+    per statement, whether its rows have a dedupe key, and their indexes.
+
+    Rows with a dedupe key come first, sorted by ``(queue, dedupe_key)``
+    (repeats in input order), in runs of rows with the same columns (one
+    statement takes rows of one shape). An INSERT meeting a key that another
+    transaction wrote but has not committed waits for that transaction; in
+    one global order, concurrent calls with overlapping keys wait in line
+    behind each other, where in their callers' orders two of them could wait
+    for each other (a deadlock). Rows without a key follow, one group per
+    shape, in input order: they wait for nobody.
+    """
+    order: list[tuple[bool, list[int]]] = []
+    keyed = sorted(
+        (i for i, row in enumerate(rows) if row["dedupe_key"] is not None),
+        key=lambda i: (rows[i]["queue"], rows[i]["dedupe_key"]),
+    )
+    shape: frozenset[str] | None = None
+    for i in keyed:
+        if frozenset(rows[i]) != shape:
+            shape = frozenset(rows[i])
+            order.append((True, []))
+        order[-1][1].append(i)
+    plain: dict[frozenset[str], list[int]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        if row["dedupe_key"] is None:
+            plain[frozenset(row)].append(i)
+    order.extend((False, indexes) for indexes in plain.values())
+    return order
 
 
 def driver_connection(session: Session) -> psycopg.Connection[Any] | None:
@@ -95,6 +131,6 @@ def copy_rows(
                 "payload": json.loads(encoded), "status": PENDING, "priority": row["priority"],
                 "run_at": run_at, "created_at": now, "attempts": 0, "max_attempts": row["max_attempts"],
                 "locked_at": None, "locked_by": None, "lease_expires_at": None, "lock_token": None,
-                "last_error": None, "dedupe_key": None, "finished_at": None,
+                "last_error": None, "dedupe_key": None, "finished_at": None, "cancel_requested_at": None,
             })
     return stored

@@ -7,9 +7,12 @@
     │                                  (also a ValueError); nothing was written
     ├── JobTableError                  a model is not a usable job table
     │                                  (also a TypeError)
-    └── JobLostError                   a fenced write found the job no longer
-                                       owned by the caller (lease expired and
-                                       the job was reaped or re-claimed)
+    ├── JobLostError                   a fenced write found the job no longer
+    │                                  owned by the caller (lease expired and
+    │                                  the job was reaped or re-claimed)
+    └── WorkerStuckError               Worker.run() gave up: more threads are
+                                       stuck in handlers past their deadline
+                                       than max_stuck_slots allows
 
 Handlers may raise :class:`RetryJob` to ask for another attempt at a given
 time; it is a control-flow signal, not an error, and is not part of the tree.
@@ -62,21 +65,55 @@ class JobLostError(JobQueueError):
         self.verb = verb
 
 
+class WorkerStuckError(JobQueueError):
+    """Raised by :meth:`Worker.run` when more threads are stuck in handlers
+    past their deadline than ``max_stuck_slots`` allows.
+
+    A Python thread cannot be killed: the worker replaced each stuck one and
+    now stops, so that the process supervisor starts a fresh process. The
+    stuck jobs' failures are recorded; jobs still running are left to their
+    lease.
+    """
+
+
 class RetryJob(Exception):
     """Raised by a handler to ask for another attempt later.
 
-    Give either ``delay`` or ``at`` (an aware datetime). The attempt still
-    counts towards ``max_attempts``; when attempts are exhausted the job goes
-    to ``dead`` as with any failure.
+    Give either ``delay`` (a non-negative :class:`~datetime.timedelta` or
+    number of seconds) or ``at`` (an aware datetime), or neither for the
+    task's retry policy. The attempt still counts towards ``max_attempts``;
+    when attempts are exhausted the job goes to ``dead`` as with any failure.
+
+    The arguments are checked here, where the handler raises it: a bad one
+    raises :class:`InvalidArgumentError` naming it, which the worker then
+    records as the handler's failure (so the attempt counts).
     """
 
     def __init__(
         self,
         reason: str = "retry requested by the handler",
         *,
-        delay: timedelta | None = None,
+        delay: timedelta | float | None = None,
         at: datetime | None = None,
     ) -> None:
         super().__init__(reason)
-        self.delay = delay
+        if delay is not None and at is not None:
+            raise InvalidArgumentError("delay", "give either delay or at, not both")
+        if delay is not None:
+            if isinstance(delay, bool) or not isinstance(delay, (timedelta, int, float)):
+                raise InvalidArgumentError("delay", f"must be a timedelta or a number of seconds, got {delay!r}")
+            if not isinstance(delay, timedelta):
+                if delay != delay or delay in (float("inf"), float("-inf")):
+                    raise InvalidArgumentError("delay", f"must be a finite number of seconds, got {delay!r}")
+                delay = timedelta(seconds=delay)
+            if delay < timedelta(0):
+                raise InvalidArgumentError("delay", f"must not be negative, got {delay!r}")
+        if at is not None:
+            if not isinstance(at, datetime):
+                raise InvalidArgumentError("at", f"must be an aware datetime, got {at!r}")
+            if at.tzinfo is None or at.utcoffset() is None:
+                raise InvalidArgumentError(
+                    "at", f"must be an aware datetime (with a tzinfo, e.g. datetime.now(timezone.utc)), got {at!r}"
+                )
+        self.delay: timedelta | None = delay
         self.at = at

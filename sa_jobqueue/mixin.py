@@ -181,6 +181,11 @@ class JobMixin:
     last_error: Mapped[str | None] = mapped_column(Text)
     dedupe_key: Mapped[str | None] = mapped_column(String(DEDUPE_KEY_LENGTH))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When a cancel of the job was asked for while it ran (JobRepository.cancel);
+    # the worker running it stops it, or its next exit from running other than
+    # a completion (fail, hand_back, reap) ends it cancelled. Last, so that a
+    # table migrated by ADD COLUMN has the columns of a fresh create_all.
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:

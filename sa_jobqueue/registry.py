@@ -18,13 +18,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar, overload
 
 from .errors import InvalidArgumentError
 from .mixin import DEFAULT_QUEUE
 from .periodic import Periodic, check_cron
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from .spec import check_bool, check_name, positive_int
+from .spec import check_bool, check_name, check_timeout, positive_int
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -44,9 +45,10 @@ class Task:
     retry: RetryPolicy = DEFAULT_RETRY_POLICY
     max_attempts: int | None = None
     batch_complete: bool = True
+    timeout: timedelta | None = None
 
     def __post_init__(self) -> None:
-        _check_task(self.name, self.handler, self.retry, self.max_attempts, self.batch_complete)
+        _check_task(self.name, self.handler, self.retry, self.max_attempts, self.batch_complete, self.timeout)
         check_bool("takes_session", self.takes_session)
 
     @property
@@ -60,12 +62,22 @@ class Task:
 
 
 def _check_task(
-    name: object, handler: object, retry: object, max_attempts: object, batch_complete: object
+    name: object, handler: object, retry: object, max_attempts: object, batch_complete: object,
+    timeout: object = None,
 ) -> None:
     """The options of a task, each checked; raise naming the first bad one."""
     check_name("name", name)
     if not callable(handler):
         raise InvalidArgumentError("handler", "must be callable")
+    call = type(handler).__call__ if not inspect.isroutine(handler) else None
+    if inspect.iscoroutinefunction(handler) or (call is not None and inspect.iscoroutinefunction(call)):
+        # The thread worker would get a coroutine back and never run it.
+        raise InvalidArgumentError(
+            "handler", "is an async def function: this worker runs sync handlers in threads; an async handler "
+            "needs the asyncio worker (not available yet), so wrap it in a def for now"
+        )
+    if timeout is not None:
+        check_timeout("timeout", timeout)
     if not isinstance(retry, RetryPolicy):
         raise InvalidArgumentError("retry", f"must be a RetryPolicy, got {type(retry).__name__}")
     if max_attempts is not None:
@@ -106,18 +118,26 @@ class TaskRegistry:
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         max_attempts: int | None = None,
         batch_complete: bool = True,
+        timeout: timedelta | float | None = None,
     ) -> Task:
         """Register ``handler`` for ``name``; a name can be registered once.
+
+        ``timeout`` (a timedelta or seconds): the job's deadline. Past it the
+        worker stops extending the job's lease, cancels its statement on the
+        server and records a failure that retries or goes dead by ``retry``
+        and ``max_attempts``; a late return of the handler commits nothing.
+        None (the default) uses the worker's ``job_timeout``.
 
         ``name`` is any non-blank string of at most 128 characters without NUL
         or lone surrogates (it is stored in the jobs' ``task`` column);
         ``batch_complete`` must be a bool. Raises :class:`InvalidArgumentError`
         naming the bad option.
         """
-        _check_task(name, handler, retry, max_attempts, batch_complete)
+        _check_task(name, handler, retry, max_attempts, batch_complete, timeout)
         if name in self._tasks:
             raise InvalidArgumentError("name", f"task {name!r} is already registered")
-        task = Task(name, handler, _takes_session(handler), retry, max_attempts, batch_complete)
+        deadline = None if timeout is None else check_timeout("timeout", timeout)
+        task = Task(name, handler, _takes_session(handler), retry, max_attempts, batch_complete, deadline)
         self._tasks[name] = task
         return task
 
@@ -131,6 +151,7 @@ class TaskRegistry:
         retry: RetryPolicy = ...,
         max_attempts: int | None = ...,
         batch_complete: bool = ...,
+        timeout: timedelta | float | None = ...,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -140,6 +161,7 @@ class TaskRegistry:
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         max_attempts: int | None = None,
         batch_complete: bool = True,
+        timeout: timedelta | float | None = None,
     ) -> F | Callable[[F], F]:
         """Decorator form of :meth:`register`; the name defaults to the function's."""
         if callable(name):
@@ -149,7 +171,7 @@ class TaskRegistry:
         def decorate(handler: F) -> F:
             self.register(
                 handler.__name__ if name is None else name, handler, retry=retry, max_attempts=max_attempts,
-                batch_complete=batch_complete,
+                batch_complete=batch_complete, timeout=timeout,
             )
             return handler
 

@@ -10,16 +10,17 @@
 No verb commits, rolls back or opens a transaction: each runs its statements
 on the caller's session, so an enqueue commits (or vanishes) with the
 caller's own writes. Verbs after a claim (``complete``, ``fail``,
-``heartbeat``) are fenced on the claim's ``lock_token`` and raise
-:class:`JobLostError` when the caller no longer owns the job.
+``heartbeat``, ``extend_leases``, ``hand_back``, ``mark_cancelled``) are
+fenced on the claim's ``lock_token``: they change nothing of a job the caller
+no longer owns, and the single-job ones raise :class:`JobLostError` then.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -30,9 +31,10 @@ from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Session
 
 from . import bulk, statements
-from .errors import JobLostError, JobTableError
+from .errors import InvalidArgumentError, JobLostError, JobTableError
 from .listener import channel_name
 from .mixin import (
+    CANCELLED,
     DEAD,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
@@ -43,7 +45,7 @@ from .mixin import (
     lease_index_name,
 )
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from .snapshot import Snapshots
+from .snapshot import Snapshots, json_loads
 from .spec import (
     JobSpec,
     check_aware,
@@ -65,8 +67,11 @@ from .spec import (
     positive_int,
     to_row,
 )
+from .statements import cancel_channel_name
 
 M = TypeVar("M", bound=JobMixin)
+
+log = logging.getLogger("sa_jobqueue.repository")
 
 _NO_SYNC = {"synchronize_session": False}
 # session.info key: (transaction, {(channel, queue)}) already notified in it.
@@ -81,10 +86,22 @@ def default_worker_name() -> str:
 
 @dataclass(frozen=True)
 class ReapResult:
-    """What one reap did: jobs sent back to pending, and jobs sent to dead."""
+    """What one reap did: jobs sent back to pending, jobs sent to dead, and
+    jobs cancelled (a cancel was requested while they ran)."""
 
     requeued: int
     dead: int
+    cancelled: int = 0
+
+
+@dataclass(frozen=True)
+class LeaseReport:
+    """What one :meth:`JobRepository.extend_leases` found: the ids of the jobs
+    still owned (their leases extended), and those of them whose cancel was
+    requested (a subset of ``owned``)."""
+
+    owned: set[int]
+    cancel_requested: set[int]
 
 
 @dataclass(frozen=True)
@@ -140,6 +157,7 @@ class JobRepository(Generic[M]):
         self.table = table
         self.notify = notify
         self.channel = channel_name(table.name)
+        self.cancel_channel = cancel_channel_name(table.name)
         self.keep_done: bool = bool(getattr(model, "__keep_done__", False))
         job_columns = {name for name in JobMixin.__annotations__ if not name.startswith("__")}
         self._user_columns = frozenset(c.key for c in table.columns if c.key not in job_columns)
@@ -147,10 +165,13 @@ class JobRepository(Generic[M]):
         # hot path skips construction and hits SQLAlchemy's compiled cache.
         self._snapshots: Snapshots[M] = Snapshots(model, table)
         returned = self._snapshots.columns
-        self._claim = statements.claim(model).returning(*returned)
+        self._claim = statements.claim(model).returning(*self._snapshots.text_columns)
         self._complete = statements.complete(model, keep_done=self.keep_done)
         self._fail = statements.fail(model)
         self._heartbeat = statements.heartbeat(model)
+        self._hand_back = statements.hand_back(model)
+        self._mark_cancelled = statements.mark_cancelled(model)
+        self._bury = statements.bury(model)
         self._reap = statements.reap(model)
         self._cancel = statements.cancel(model)
         self._retry = statements.retry(model)
@@ -215,15 +236,15 @@ class JobRepository(Generic[M]):
 
         Every spec is checked before anything is sent. Rows with a dedupe key
         that a live job holds (or that an earlier row of this call holds)
-        come back as that job.
+        come back as that job. Rows with a key are written sorted by
+        ``(queue, dedupe_key)``, so concurrent calls with overlapping keys
+        wait for each other in line instead of deadlocking.
         """
         check_session(session)
         rows = [to_row(spec, self._user_columns) for spec in check_specs(jobs)]
         result: list[M | None] = [None] * len(rows)
-        groups: dict[tuple[bool, frozenset[str]], list[int]] = defaultdict(list)
-        for index, row in enumerate(rows):
-            groups[(row["dedupe_key"] is not None, frozenset(row))].append(index)
-        for (dedupe, _), indexes in groups.items():
+        # Keyed rows in one global order (no deadlock between producers), see bulk.write_order.
+        for dedupe, indexes in bulk.write_order(rows):
             params = [rows[i] for i in indexes]
             if not dedupe:
                 copied = self._copy(session, params)
@@ -274,7 +295,10 @@ class JobRepository(Generic[M]):
 
         Future-scheduled jobs send nothing: polling picks them up on time.
         """
-        queues = {row["queue"] for row in rows if _runnable_now(row)}
+        self._notify_queues(session, {row["queue"] for row in rows if _runnable_now(row)})
+
+    def _notify_queues(self, session: Session, queues: set[str]) -> None:
+        """NOTIFY the ``queues`` not yet notified in this transaction, in one statement."""
         fresh = sorted(queues - self._notified(session))
         if fresh:
             session.execute(self._notify, {"channel": self.channel, "queues": fresh})
@@ -314,6 +338,13 @@ class JobRepository(Generic[M]):
         future are not claimable. Fewer than ``limit`` rows does not mean the
         queue is empty (another claimer may hold rows); an empty list does.
         The jobs are detached snapshots (:mod:`sa_jobqueue.snapshot`).
+
+        A claimed job whose payload the client cannot decode (such as JSON
+        nested deeper than Python's recursion limit, written by SQL) is not
+        returned: it goes to ``dead`` at once, in the same session, with
+        ``last_error`` ``payload cannot be decoded: <error>``; the other jobs
+        of the claim are returned as usual, and when there are none the claim
+        is made again, so an empty list still means an empty queue.
         """
         check_session(session)
         limit = positive_int("limit", limit)
@@ -323,9 +354,24 @@ class JobRepository(Generic[M]):
             "queues": check_queues(queues), "limit": limit,
             "worker": worker or default_worker_name(), "lease": lease,
         }
-        jobs = self._snapshots.all(session.execute(self._claim, params).all())
+        loads = json_loads(session.get_bind(self.model).dialect)
+        while True:
+            jobs, failed = self._snapshots.decode(session.execute(self._claim, params).all(), loads)
+            if not failed:
+                break
+            self._bury_undecodable(session, failed)  # each round takes rows off the queue for good
+            if jobs:
+                break
         jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
         return jobs
+
+    def _bury_undecodable(self, session: Session, failed: list[tuple[M, str]]) -> None:
+        """Send claimed jobs whose payload cannot be decoded to dead, in one fenced statement."""
+        errors = [clean_error(f"payload cannot be decoded: {error}") for _, error in failed]
+        params = {"ids": [j.id for j, _ in failed], "tokens": [j.lock_token for j, _ in failed], "errors": errors}
+        session.execute(self._bury, params, execution_options=_NO_SYNC)
+        for (job, _), error in zip(failed, errors, strict=True):
+            log.warning("%s %s (%s) sent to dead: %s", self.model.__name__, job.id, job.task, error[:500])
 
     def complete(self, session: Session, job: M) -> None:
         """Finish a claimed job: delete it, or mark it ``done`` when the model
@@ -363,7 +409,8 @@ class JobRepository(Generic[M]):
         The job goes back to ``pending`` after a backoff (``policy``'s delay
         for this attempt, or ``delay``, or at ``at``), or to ``dead`` when its
         attempts reached ``max_attempts`` (default: the row's) or ``discard``
-        is set. ``error`` is kept in ``last_error``. Fenced.
+        is set, or to ``cancelled`` (either way) when its cancel was requested
+        while it ran. ``error`` is kept in ``last_error``. Fenced.
         """
         check_session(session)
         check_claimed("job", job, self.model)
@@ -388,13 +435,55 @@ class JobRepository(Generic[M]):
         A job missing from the result was reaped: its worker should stop
         and must not expect its completion to be accepted.
         """
+        return self.extend_leases(session, jobs, lease=lease).owned
+
+    def extend_leases(self, session: Session, jobs: Sequence[M], *, lease: timedelta) -> LeaseReport:
+        """Extend the lease of claimed jobs, as :meth:`heartbeat` does, in one
+        fenced statement; report the ids still owned and, among them, those
+        whose cancel was requested (:meth:`cancel`): their worker should stop
+        them and end them with :meth:`mark_cancelled`."""
         check_session(session)
         jobs = check_claimed_many("jobs", jobs, self.model)
         lease = check_lease("lease", lease)
         if not jobs:
-            return set()
+            return LeaseReport(owned=set(), cancel_requested=set())
         params = {"ids": [j.id for j in jobs], "tokens": [j.lock_token for j in jobs], "lease": lease}
-        return set(session.scalars(self._heartbeat, params, execution_options=_NO_SYNC).all())
+        rows = session.execute(self._heartbeat, params, execution_options=_NO_SYNC).all()
+        return LeaseReport(owned={r.id for r in rows}, cancel_requested={r.id for r in rows if r.cancel_requested})
+
+    def hand_back(self, session: Session, jobs: Sequence[M]) -> set[int]:
+        """Give claimed jobs that have not started back to the queue, in one
+        fenced statement; return the ids given back (a job missing was no
+        longer owned).
+
+        Each job is ``pending`` again, unowned, runnable where it was in the
+        queue (``run_at`` and ``last_error`` kept), with the claim's attempt
+        taken back (``attempts - 1``): the run never started. A job whose
+        cancel was requested meanwhile is ``cancelled`` instead (and in the
+        result too). With ``notify``, the table's channel is notified once
+        per queue of the jobs made pending, so that idle workers claim them.
+        """
+        check_session(session)
+        jobs = check_claimed_many("jobs", jobs, self.model)
+        if not jobs:
+            return set()
+        params = {"ids": [j.id for j in jobs], "tokens": [j.lock_token for j in jobs]}
+        rows = session.execute(self._hand_back, params, execution_options=_NO_SYNC).all()
+        if self.notify:
+            self._notify_queues(session, {r.queue for r in rows if r.status != CANCELLED})
+        return {r.id for r in rows}
+
+    def mark_cancelled(self, session: Session, job: M, reason: str = "cancelled while running") -> None:
+        """End a claimed job as ``cancelled`` (``finished_at`` set, no longer
+        owned, ``reason`` kept in ``last_error`` as :meth:`fail` keeps its
+        error). Raise :class:`JobLostError` if not owned. Fenced."""
+        check_session(session)
+        check_claimed("job", job, self.model)
+        if not isinstance(reason, str):
+            raise InvalidArgumentError("reason", f"must be a str, got {type(reason).__name__}")
+        params = {"job_id": job.id, "token": job.lock_token, "error": clean_error(reason)}
+        if session.execute(self._mark_cancelled, params, execution_options=_NO_SYNC).first() is None:
+            raise JobLostError(job.id, "mark cancelled")
 
     # -- housekeeping ----------------------------------------------------
 
@@ -402,7 +491,8 @@ class JobRepository(Generic[M]):
         self, session: Session, *, limit: int = 1000, task_max_attempts: Mapping[str, int] | None = None
     ) -> ReapResult:
         """Send running jobs whose lease expired back to pending, or to dead
-        when their attempts are exhausted. Safe to run from many workers.
+        when their attempts are exhausted, or to cancelled when their cancel
+        was requested. Safe to run from many workers.
 
         ``task_max_attempts`` (task name to limit) overrides the row's
         ``max_attempts`` for those tasks, as a task's own limit does on failure.
@@ -412,13 +502,24 @@ class JobRepository(Generic[M]):
         params = {"limit": positive_int("limit", limit), "task_limits": limits}
         rows = session.execute(self._reap, params, execution_options=_NO_SYNC).all()
         dead = sum(1 for row in rows if row.status == DEAD)
-        return ReapResult(requeued=len(rows) - dead, dead=dead)
+        cancelled = sum(1 for row in rows if row.status == CANCELLED)
+        return ReapResult(requeued=len(rows) - dead - cancelled, dead=dead, cancelled=cancelled)
 
     def cancel(self, session: Session, job_id: int) -> bool:
-        """Cancel a pending job; return False if it is not pending (any more)."""
+        """Cancel a job; return False, changing nothing, unless it is pending or running.
+
+        A pending job is ``cancelled`` at once. A running job stays running:
+        the request is recorded (``cancel_requested_at``) and notified on
+        :attr:`cancel_channel` (payload: the job id) when the caller commits.
+        Its worker learns of it then, or at its next heartbeat
+        (:meth:`extend_leases`), and ends it cancelled; if the job leaves
+        running first, a completion still completes it, while a failure, a
+        hand-back or an expired lease ends it ``cancelled``.
+        """
         check_session(session)
         job_id = check_job_id(job_id)
-        return session.execute(self._cancel, {"job_id": job_id}, execution_options=_NO_SYNC).first() is not None
+        params = {"job_id": job_id, "cancel_channel": self.cancel_channel}
+        return session.execute(self._cancel, params, execution_options=_NO_SYNC).first() is not None
 
     def retry(self, session: Session, job_id: int) -> bool:
         """Send a dead or cancelled job back to pending now.
@@ -467,4 +568,7 @@ def _respec(row: dict[str, Any]) -> JobSpec:
     return JobSpec(**fields, extra={k: v for k, v in row.items() if k not in core})
 
 
-__all__ = ["JobRepository", "QueueStats", "ReapResult", "STATUSES", "default_worker_name"]
+__all__ = [
+    "JobRepository", "LeaseReport", "QueueStats", "ReapResult", "STATUSES", "cancel_channel_name",
+    "default_worker_name",
+]

@@ -18,13 +18,14 @@ signal             sent                                                  keyword
                                                                          ``status``, ``duration``
 ``job_retried``    after ``job_failed``, when the job will run again     same as ``job_failed``
 ``job_dead``       after ``job_failed``, when the job will not           same as ``job_failed``
+``job_cancelled``  after a running job ended cancelled (committed)       ``job``
 ``jobs_reaped``    after a reap that changed rows committed              ``repository``, ``table``,
                                                                          ``requeued``, ``dead``
 =================  ====================================================  =========================
 
 ``job`` is the claimed job (a detached snapshot: ``attempts`` counts this
 attempt); ``duration`` is the handler's run time in seconds; ``error`` is the
-exception, or ``None`` for an unknown task; ``status`` is the job's new
+exception, or ``None`` for an unknown task or a deadline that passed; ``status`` is the job's new
 status (``"pending"`` or ``"dead"``). Nothing is sent for work that was
 rolled back or fenced out (a lost lease). Receivers run in the worker's
 threads, so they must be thread-safe and quick; an exception in a receiver
@@ -47,6 +48,7 @@ job_succeeded: NamedSignal = _signals.signal("job-succeeded", doc="A job's compl
 job_failed: NamedSignal = _signals.signal("job-failed", doc="A failed attempt was recorded.")
 job_retried: NamedSignal = _signals.signal("job-retried", doc="A failed job will run again.")
 job_dead: NamedSignal = _signals.signal("job-dead", doc="A failed job will not run again.")
+job_cancelled: NamedSignal = _signals.signal("job-cancelled", doc="A running job ended cancelled.")
 jobs_reaped: NamedSignal = _signals.signal("jobs-reaped", doc="A reap sent expired jobs back or to dead.")
 
 
@@ -68,5 +70,6 @@ def send_failure(sender: Any, job: Any, error: BaseException | None, status: str
 
 
 __all__ = [
-    "job_dead", "job_failed", "job_retried", "job_started", "job_succeeded", "jobs_reaped", "send", "send_failure",
+    "job_cancelled", "job_dead", "job_failed", "job_retried", "job_started", "job_succeeded", "jobs_reaped", "send",
+    "send_failure",
 ]

@@ -14,19 +14,40 @@ What a caller may rely on:
   expire it, and reading it never emits SQL;
 * ``session.get(Model, job.id)`` loads the live row; ``session.merge(job)``
   or ``session.add(job)`` attaches the snapshot itself when wanted.
+
+A claim reads the payload as JSON text and decodes it here, row by row
+(:meth:`Snapshots.decode`), with the JSON decoder the driver would use: a row
+whose payload the client cannot decode (nested deeper than Python's
+recursion limit, an integer longer than Python converts) then fails alone,
+instead of failing the fetch of the whole batch after the claim took it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Column, Table
+from sqlalchemy import Column, ColumnElement, Dialect, Table, Text, cast
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import configure_mappers
 from sqlalchemy.orm.attributes import instance_dict, instance_state
 
 M = TypeVar("M")
+
+JsonLoads = Callable[[str], Any]
+
+
+def json_loads(dialect: Dialect) -> JsonLoads:
+    """How ``dialect`` decodes JSON text: :func:`json.loads` (every PostgreSQL
+    driver's default), or the engine's ``json_deserializer`` when one was
+    given, called as that driver calls it (psycopg 3 hands it bytes)."""
+    custom: Callable[[Any], Any] | None = getattr(dialect, "_json_deserializer", None)
+    if custom is None:
+        return json.loads
+    if dialect.driver == "psycopg":
+        return lambda text: custom(text.encode())
+    return custom
 
 
 class Snapshots(Generic[M]):
@@ -48,6 +69,12 @@ class Snapshots(Generic[M]):
         self.columns: tuple[Column[Any], ...] = tuple(column for _, column in pairs)
         # JobMixin's id is the one primary key column.
         self._id_at = self.columns.index(mapper.primary_key[0])
+        self._payload_at = self.keys.index("payload")
+        payload = self.columns[self._payload_at]
+        #: :attr:`columns` with the payload read as its JSON text, for :meth:`decode`.
+        self.text_columns: tuple[ColumnElement[Any], ...] = tuple(
+            cast(c, Text()).label(c.name) if c is payload else c for c in self.columns
+        )
 
     def one(self, row: Sequence[Any]) -> M:
         """A snapshot of one row of :attr:`columns`."""
@@ -73,3 +100,30 @@ class Snapshots(Generic[M]):
     def all(self, rows: Iterable[Sequence[Any]]) -> list[M]:
         """Snapshots of rows of :attr:`columns`, in the rows' order."""
         return [self.one(row) for row in rows]
+
+    def decode(self, rows: Iterable[Sequence[Any]], loads: JsonLoads) -> tuple[list[M], list[tuple[M, str]]]:
+        """Snapshots of rows of :attr:`text_columns`, each payload decoded by ``loads``.
+
+        Returns the snapshots of the rows that decode, in the rows' order,
+        and apart, per row that does not, its snapshot (with ``payload``
+        None) and ``"<ExceptionType>: <message>"``. A row that fails never
+        stops the others.
+        """
+        decoded: list[M] = []
+        failed: list[tuple[M, str]] = []
+        keys, at, id_at = self.keys, self._payload_at, self._id_at
+        for row in rows:
+            job: M = self._new()
+            values = instance_dict(job)
+            for key, value in zip(keys, row, strict=False):
+                values[key] = value
+            instance_state(job).key = self._identity((row[id_at],))
+            try:
+                text = row[at]
+                values["payload"] = None if text is None else loads(text)
+            except Exception as exc:  # whatever the decoder raises, this row alone fails
+                values["payload"] = None
+                failed.append((job, f"{type(exc).__name__}: {exc}"))
+                continue
+            decoded.append(job)
+        return decoded, failed

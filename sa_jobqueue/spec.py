@@ -284,6 +284,18 @@ def check_duration(parameter: str, value: object) -> timedelta:
     return _within_horizon(parameter, value)
 
 
+def check_timeout(parameter: str, value: object) -> timedelta:
+    """A deadline or a wait: a positive timedelta or number of seconds, up to
+    :data:`SCHEDULE_HORIZON`; returned as a timedelta."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value) or value <= 0:
+            raise InvalidArgumentError(parameter, f"must be a positive number of seconds, got {_show(value)}")
+        value = timedelta(seconds=value)
+    if not isinstance(value, timedelta) or value <= timedelta(0):
+        raise InvalidArgumentError(parameter, f"must be a positive timedelta or number of seconds, got {_show(value)}")
+    return _within_horizon(parameter, value)
+
+
 def check_lease(parameter: str, value: object) -> timedelta:
     """A lease: a positive timedelta of at most :data:`SCHEDULE_HORIZON`."""
     return check_duration(parameter, value)

@@ -5,7 +5,8 @@ a session it is given, and the tests compile them to check their shape. Each
 function takes the mapped job model. All are Core statements on the table:
 the ORM's bulk-DML bookkeeping and loading cost more than the statement on
 the hot paths. The verbs that hand jobs back (insert, claim) add the
-snapshot columns to RETURNING (:mod:`sa_jobqueue.snapshot`).
+snapshot columns to RETURNING (:mod:`sa_jobqueue.snapshot`); the claim reads
+the payload as JSON text, decoded row by row there.
 
 Literal status values (not bound parameters) appear wherever a partial index
 must match: a generic plan of a prepared statement cannot prove that
@@ -20,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import (
     ARRAY,
+    BigInteger,
     ColumnElement,
     Delete,
     Integer,
@@ -27,6 +29,7 @@ from sqlalchemy import (
     Select,
     String,
     Table,
+    Text,
     TextClause,
     Update,
     and_,
@@ -34,6 +37,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    column,
     delete,
     func,
     literal_column,
@@ -45,6 +49,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
 from sqlalchemy.types import Boolean, DateTime, Uuid
 
+from .listener import CHANNEL_PREFIX
 from .mixin import CANCELLED, DEAD, DEDUPE_PREDICATE, DONE, PENDING, RUNNING
 
 _PENDING: ColumnElement[str] = literal_column(f"'{PENDING}'")
@@ -53,6 +58,22 @@ _RUNNING: ColumnElement[str] = literal_column(f"'{RUNNING}'")
 # Columns a claim, a fail or a reap clears: the job is no longer owned.
 def _released() -> dict[str, Any]:
     return {"locked_at": None, "locked_by": None, "lease_expires_at": None, "lock_token": None}
+
+
+def _owned_many(t: Table) -> Any:
+    """The fence of a list of claimed jobs (parameters ``ids`` and ``tokens``):
+    lock tokens are unique per claim, so ``lock_token = ANY(tokens)`` pins
+    each row to its own claim."""
+    return and_(
+        t.c.id == any_(bindparam("ids", type_=ARRAY(t.c.id.type))),
+        t.c.lock_token == any_(bindparam("tokens", type_=ARRAY(Uuid()))),
+        t.c.status == _RUNNING,
+    )
+
+
+def _cancel_requested(t: Table) -> Any:
+    """A cancel was asked for while the job ran (see :func:`cancel`)."""
+    return t.c.cancel_requested_at.is_not(None)
 
 
 def insert_jobs(model: Any, *, dedupe: bool) -> Insert:
@@ -159,27 +180,29 @@ def fail(model: Any) -> Update:
 
     The job is dead when ``discard`` is set or its attempts reached the
     effective maximum (``max_attempts`` when given, else the row's). The
-    decision is taken in the statement from the row's current attempts.
-    Parameters: ``job_id``, ``token``, ``error``, ``delay``, ``at``,
-    ``attempts_limit`` (or None), ``discard``.
+    decision is taken in the statement from the row's current attempts. A
+    job whose cancel was requested while it ran is ``cancelled`` instead,
+    retry or not. Parameters: ``job_id``, ``token``, ``error``, ``delay``,
+    ``at``, ``attempts_limit`` (or None), ``discard``.
     """
     t: Table = model.__table__
     limit = func.coalesce(bindparam("attempts_limit", type_=t.c.attempts.type),
                           t.c.max_attempts)
     dead = or_(bindparam("discard", type_=Boolean()), t.c.attempts >= limit)
+    ends = or_(dead, _cancel_requested(t))
     return (
         update(t)
         .where(_owned(t))
         .values(
-            status=case((dead, DEAD), else_=PENDING),
+            status=case((_cancel_requested(t), CANCELLED), (dead, DEAD), else_=PENDING),
             run_at=case(
-                (dead, t.c.run_at),
+                (ends, t.c.run_at),
                 else_=func.coalesce(
                     bindparam("at", type_=DateTime(timezone=True)),
                     func.now() + bindparam("delay", type_=Interval()),
                 ),
             ),
-            finished_at=case((dead, func.now()), else_=None),
+            finished_at=case((ends, func.now()), else_=None),
             last_error=bindparam("error"),
             **_released(),
         )
@@ -188,25 +211,85 @@ def fail(model: Any) -> Update:
 
 
 def heartbeat(model: Any) -> Update:
-    """Extend the lease of jobs still owned; returns the ids it extended. Fenced.
+    """Extend the lease of jobs still owned. Fenced.
 
-    Parameters: ``ids``, ``tokens`` (lists), ``lease``.
+    Returns, per job extended, its id and whether a cancel of it was
+    requested (``cancel_requested``). Parameters: ``ids``, ``tokens`` (lists),
+    ``lease``.
     """
     t: Table = model.__table__
     return (
         update(t)
-        .where(
-            t.c.id == any_(bindparam("ids", type_=ARRAY(t.c.id.type))),
-            t.c.lock_token == any_(bindparam("tokens", type_=ARRAY(Uuid()))),
-            t.c.status == _RUNNING,
-        )
+        .where(_owned_many(t))
         .values(lease_expires_at=func.now() + bindparam("lease", type_=Interval()))
+        .returning(t.c.id, _cancel_requested(t).label("cancel_requested"))
+    )
+
+
+def hand_back(model: Any) -> Update:
+    """Give claimed jobs that never started back to pending. Fenced.
+
+    The claim's attempt is taken back (``attempts - 1``); ``run_at`` and
+    ``last_error`` are kept, so the job keeps its place in the queue. A job
+    whose cancel was requested meanwhile is ``cancelled`` instead. Returns
+    ``id``, ``queue`` and the new ``status`` of each job given back.
+    Parameters: ``ids``, ``tokens`` (lists).
+    """
+    t: Table = model.__table__
+    return (
+        update(t)
+        .where(_owned_many(t))
+        .values(
+            status=case((_cancel_requested(t), CANCELLED), else_=PENDING),
+            attempts=t.c.attempts - 1,
+            finished_at=case((_cancel_requested(t), func.now()), else_=None),
+            **_released(),
+        )
+        .returning(t.c.id, t.c.queue, t.c.status)
+    )
+
+
+def mark_cancelled(model: Any) -> Update:
+    """End a claimed job as ``cancelled`` (parameters ``job_id``, ``token``,
+    ``error``: its ``last_error``). Fenced; returns the id."""
+    t: Table = model.__table__
+    return (
+        update(t)
+        .where(_owned(t))
+        .values(status=CANCELLED, finished_at=func.now(), last_error=bindparam("error"), **_released())
+        .returning(t.c.id)
+    )
+
+
+def bury(model: Any) -> Update:
+    """Send claimed jobs to dead at once, each with a ``last_error`` of its own.
+
+    A fenced ``fail(discard=True)`` of many jobs in one statement (the
+    attempt counted by the claim stays counted). Parameters: ``ids``,
+    ``tokens`` and ``errors``, lists of one length, matched by position.
+    Returns the ids sent to dead.
+    """
+    t: Table = model.__table__
+    given = (
+        func.unnest(
+            bindparam("ids", type_=ARRAY(t.c.id.type)),
+            bindparam("tokens", type_=ARRAY(Uuid())),
+            bindparam("errors", type_=ARRAY(Text())),
+        )
+        .table_valued(column("job_id", BigInteger()), column("token", Uuid()), column("error", Text()))
+        .render_derived(name="given")
+    )
+    return (
+        update(t)
+        .where(t.c.id == given.c.job_id, t.c.lock_token == given.c.token, t.c.status == _RUNNING)
+        .values(status=DEAD, finished_at=func.now(), last_error=given.c.error, **_released())
         .returning(t.c.id)
     )
 
 
 def reap(model: Any) -> Update:
-    """Return running jobs whose lease expired to pending, or to dead when out of attempts.
+    """Return running jobs whose lease expired to pending, or to dead when out of
+    attempts, or to cancelled when a cancel of them was requested.
 
     The expired rows are locked with SKIP LOCKED in a CTE, so several workers
     may reap at once: each row is reaped by one of them, and a job whose
@@ -230,11 +313,12 @@ def reap(model: Any) -> Update:
         update(t)
         .where(t.c.id == expired.c.id)
         .values(
-            status=case((dead, DEAD), else_=PENDING),
+            status=case((_cancel_requested(t), CANCELLED), (dead, DEAD), else_=PENDING),
             # run_at is kept: a crashed attempt's job goes back to its place
             # in the queue, not behind the whole backlog.
-            finished_at=case((dead, func.now()), else_=None),
+            finished_at=case((or_(dead, _cancel_requested(t)), func.now()), else_=None),
             last_error=func.concat(
+                case((_cancel_requested(t), "cancelled while running: "), else_=""),
                 "lease expired at attempt ", t.c.attempts, " (worker ",
                 func.coalesce(t.c.locked_by, "unknown"), ")",
             ),
@@ -244,14 +328,44 @@ def reap(model: Any) -> Update:
     )
 
 
+def cancel_channel_name(table_name: str) -> str:
+    """The NOTIFY channel of a job table's cancel requests (``JobRepository.cancel_channel``);
+    each notification's payload is the id of a running job whose cancel was requested.
+
+    The ``:`` keeps it apart from every table's wake-up channel
+    (:func:`~sa_jobqueue.listener.channel_name`: no plain identifier holds a
+    ``:``); quote the name in a hand-written ``LISTEN``. It fits PostgreSQL's
+    63 bytes for the longest job table name.
+    """
+    return f"{CHANNEL_PREFIX}cancel:{table_name}"
+
+
 def cancel(model: Any) -> Update:
-    """Cancel a job that is still pending (parameter ``job_id``)."""
+    """Cancel a pending job at once, or request the cancel of a running one.
+
+    A pending job becomes ``cancelled``. A running job stays running with
+    ``cancel_requested_at`` set (the first request's time is kept), and the
+    statement sends ``pg_notify(:cancel_channel, id)`` so that a listening
+    worker learns of it at once; NOTIFY is transactional, so it is heard
+    when the caller commits. Returns the id and the new status; no row when
+    the job is neither pending nor running. Parameters: ``job_id``,
+    ``cancel_channel``.
+    """
     t: Table = model.__table__
+    pending = t.c.status == _PENDING
+    notify = func.pg_notify(bindparam("cancel_channel", type_=String()), cast(t.c.id, Text()))
     return (
         update(t)
-        .where(t.c.id == bindparam("job_id"), t.c.status == _PENDING)
-        .values(status=CANCELLED, finished_at=func.now())
-        .returning(t.c.id)
+        .where(t.c.id == bindparam("job_id"), t.c.status.in_((PENDING, RUNNING)))
+        .values(
+            status=case((pending, CANCELLED), else_=t.c.status),
+            finished_at=case((pending, func.now()), else_=t.c.finished_at),
+            cancel_requested_at=case(
+                (pending, t.c.cancel_requested_at), else_=func.coalesce(t.c.cancel_requested_at, func.now())
+            ),
+        )
+        # In RETURNING, status is the new one: still running means requested.
+        .returning(t.c.id, t.c.status, case((t.c.status == _RUNNING, notify)).label("notified"))
     )
 
 
@@ -259,9 +373,10 @@ def retry(model: Any) -> Update:
     """Send a dead or cancelled job back to pending, runnable now.
 
     Attempts are kept (history); ``max_attempts`` grows by one when needed so
-    that the job gets at least one more attempt. A job whose dedupe key is
-    held by another live job stays as it is (the statement matches no row).
-    Parameter: ``job_id``.
+    that the job gets at least one more attempt. A cancel request of an
+    earlier run is cleared: the new run starts without one. A job whose
+    dedupe key is held by another live job stays as it is (the statement
+    matches no row). Parameter: ``job_id``.
     """
     t: Table = model.__table__
     holder = t.alias("holder")
@@ -281,6 +396,7 @@ def retry(model: Any) -> Update:
             status=PENDING,
             run_at=func.now(),
             finished_at=None,
+            cancel_requested_at=None,
             max_attempts=func.greatest(t.c.max_attempts, t.c.attempts + 1),
         )
         .returning(t.c.id)
@@ -328,15 +444,10 @@ def complete_many(model: Any, *, keep_done: bool) -> Update | Delete:
 
     Fenced like :func:`complete`: a job whose ``lock_token`` changed (lease
     expired, reaped, maybe claimed again) is left alone and missing from the
-    result. Parameters: ``ids`` and ``tokens`` (lists); lock tokens are unique
-    per claim, so ``lock_token = ANY(tokens)`` pins each row to its own claim.
+    result. Parameters: ``ids`` and ``tokens`` (lists).
     """
     t: Table = model.__table__
-    owned = and_(
-        t.c.id == any_(bindparam("ids", type_=ARRAY(t.c.id.type))),
-        t.c.lock_token == any_(bindparam("tokens", type_=ARRAY(Uuid()))),
-        t.c.status == _RUNNING,
-    )
+    owned = _owned_many(t)
     if not keep_done:
         return delete(t).where(owned).returning(t.c.id)
     return (

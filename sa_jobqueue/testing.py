@@ -32,13 +32,13 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from .errors import InvalidArgumentError, JobQueueError, RetryJob
-from .execution import describe_error, unknown_task_error
 from .mixin import DEAD, PENDING, STATUSES, JobMixin
 from .registry import TaskRegistry
 from .repository import JobRepository
 from .spec import check_bool, check_name, check_queues, check_repositories, check_session, positive_int
 from .urls import psycopg_url
 from .worker import Worker, WorkerResult
+from .worker.failures import failure_of, record_failure, refuse_awaitable
 
 M = TypeVar("M", bound=JobMixin)
 
@@ -287,26 +287,20 @@ def _run_one(
     __tracebackhide__ = True
     task = registry.get(job.task)
     if task is None:
-        error = unknown_task_error(job, registry)
-        outcome = repo.fail(session, job, error, discard=True)
-        missing = LookupError(error)
+        failure = failure_of(job, None, None, registry)
+        outcome = record_failure(session, repo, job, failure, savepoint=True)
+        missing = LookupError(failure.error)
         if raise_errors:
             raise missing
         return JobRun(job, outcome, round_no, missing)
     try:
         with session.begin_nested():
-            task(job, session)
+            refuse_awaitable(task(job, session))
             session.flush()  # the handler's pending writes: their errors are the handler's failure
             repo.complete(session, job)
     except BaseException as exc:  # SystemExit from a handler is a failure too, as in the worker
-        if isinstance(exc, RetryJob):
-            outcome = repo.fail(
-                session, job, f"RetryJob: {exc}", delay=exc.delay if exc.at is None else None,
-                at=exc.at, policy=task.retry, max_attempts=task.max_attempts,
-            )
-            return JobRun(job, outcome, round_no, exc)
-        outcome = repo.fail(session, job, describe_error(exc), policy=task.retry, max_attempts=task.max_attempts)
-        if raise_errors:
+        outcome = record_failure(session, repo, job, failure_of(job, task, exc), savepoint=True)
+        if raise_errors and not isinstance(exc, RetryJob):
             raise
         return JobRun(job, outcome, round_no, exc)
     return JobRun(job, COMPLETED, round_no)

@@ -6,25 +6,44 @@ in between stops forwarding while still acknowledging TCP, so keepalives and
 because the statement never reached the server. The calling thread then
 waits forever: a job slot, a claim, or the worker's whole loop.
 
-A long statement and a stalled one look alike from the client (a command in
-progress, no reply yet), so the watchdog asks the server. Every
-``interval`` it looks at the connections it watches; one that has had a
-command in progress (libpq's ``PQTRANS_ACTIVE``) at every look for
+What is watched: the statements sent through the engines given to
+:meth:`Watchdog.watch_engine`, which for a worker is its own engine
+(:func:`sa_jobqueue.connections.worker_engine`: claims, heartbeats, reaps,
+completions). Nothing else: not the application's other connections, and
+not the job sessions' connections, which come from the application's
+engine and belong to its threads, so a stalled handler's statement is not
+freed by the watchdog (the job's own timeout and the server's timeouts
+apply to it). Statements that bypass SQLAlchemy's cursor execution (raw
+DBAPI use, the pool's pings and rollbacks) are not watched either.
+
+How a connection is watched without touching what another thread owns: an
+engine's ``before_cursor_execute`` and ``after_cursor_execute`` events run
+in the thread that executes. The first one on a connection reads its backend
+pid and socket there, in the owning thread; then each statement records
+when it started, and clears that when it ends (also at checkin, invalidation
+or close of the connection, which covers the statements that failed). The
+watchdog's thread only reads these records, under a lock; it never calls
+into libpq on a connection it does not own.
+
+A long statement and a stalled one look alike from the client (a statement
+in flight, no reply yet), so the watchdog asks the server. Every
+``interval`` it looks at the statements in flight; one in flight for
 ``after`` seconds is a suspect, and the watchdog reads the state of its
-backend in ``pg_stat_activity`` over a connection of its own. A backend
-that is not ``active`` and has not changed state for ``after`` seconds
-either (its server side sat idle all along: the statement never arrived, or
-its reply never came back), seen so in two checks in a row, is a stall. (A
-busy connection runs one short statement after another: it can look
-"in progress" at every look, but its backend's state keeps changing.) The
-watchdog terminates that backend (which gives back its row locks at once)
-and shuts the client's socket down, so the waiting call fails as a
-disconnect and the worker's usual error paths take over (a claim is
-retried, a job's attempt fails and is retried).
+backend in ``pg_stat_activity`` over a connection of its own. A backend that
+is not ``active`` and has not changed state for ``after`` seconds either
+(its server side sat idle all along: the statement never arrived, or its
+reply never came back), seen so in two checks in a row of the same
+statement, is a stall. The watchdog terminates that backend (which gives
+back its row locks at once) and shuts the client's socket down, so the
+waiting call fails as a disconnect and the caller's usual error paths take
+over (a claim is retried, a job's attempt fails and is retried).
 
 What a caller may rely on: a statement that is running on the server is
 never interrupted, however long it takes; a backend the watchdog cannot see
-(behind PgBouncer, whose backend ids are its own) is never acted upon.
+(behind PgBouncer, whose backend ids are its own) is never acted upon; a
+socket is shut down only while the statement judged stalled is still in
+flight, so never after its connection was closed (when its descriptor may
+belong to something else).
 """
 
 from __future__ import annotations
@@ -35,12 +54,21 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import pq
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from .connections import own_session
 
 log = logging.getLogger("sa_jobqueue.worker")
+
+#: The ``application_name`` of the watchdog's own sessions, unless told otherwise.
+WATCHDOG_APPLICATION_NAME = "sa_jobqueue watchdog"
 
 # The backend's state, and for how long it has been in it (server clock).
 _STATES = (
@@ -51,7 +79,8 @@ _STATES = (
 
 def shutdown_socket(fd: int) -> None:
     """Shut down the socket behind ``fd`` (both directions) without closing
-    ``fd``: the connection's owner sees its call fail and closes it."""
+    ``fd``: the connection's owner sees its call fail and closes it. The
+    caller must know that ``fd`` is still the connection's (not closed)."""
     try:
         sock = socket.socket(fileno=os.dup(fd))
     except OSError:
@@ -64,29 +93,185 @@ def shutdown_socket(fd: int) -> None:
         sock.close()
 
 
-class Watchdog:
-    """A daemon thread watching psycopg connections for stalls (see the module docstring)."""
+class SocketDeadline:
+    """See :func:`socket_deadline`."""
 
-    def __init__(self, conninfo: str, *, after: float, interval: float = 1.0, check_timeout: float = 5.0) -> None:
-        self._conninfo = conninfo
+    def __init__(self, fd: int, seconds: float) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._over = False
+        #: True once the deadline passed and the socket was shut down.
+        self.expired = False
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def _expire(self) -> None:
+        with self._lock:
+            if not self._over:
+                shutdown_socket(self._fd)
+                self.expired = True
+
+    def _end(self) -> None:
+        with self._lock:
+            self._over = True
+        self._timer.cancel()
+
+
+@contextmanager
+def socket_deadline(fd: int, seconds: float) -> Iterator[SocketDeadline]:
+    """Shut the socket ``fd`` down if the block is still running after
+    ``seconds``, so that a read or write waiting on it fails. The block must
+    keep ``fd`` open; once the block has ended, ``fd`` is never touched."""
+    deadline = SocketDeadline(fd, seconds)
+    deadline._timer.start()
+    try:
+        yield deadline
+    finally:
+        deadline._end()
+
+
+@dataclass(eq=False)
+class _Backend:
+    """What the watchdog knows of one watched connection. ``pid`` and ``fd``
+    are read once, by the owning thread; the rest changes under the lock."""
+
+    pid: int
+    fd: int
+    since: float | None = None  # monotonic start of the statement in flight, None when none is
+    statement: int = 0  # counts the connection's statements: which one a check judged
+    idle_checks: int = 0  # checks in a row that found the backend idle during this statement
+
+
+_UNWATCHED = object()  # the record of a connection that is not a psycopg one
+
+
+class _Attempt:
+    """A connection attempt in a thread of its own, so that a connect that
+    hangs (no ``connect_timeout``, a stalled path) never holds up the
+    watchdog; a connection that arrives after it was given up on is closed."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]]) -> None:
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._abandoned = False
+        self._conn: psycopg.Connection[Any] | None = None
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="sa_jobqueue-watchdog-connect", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        error: BaseException | None = None
+        try:
+            conn = self._connect()
+        except BaseException as exc:  # handed to the waiting thread
+            error = exc
+        with self._lock:
+            if self._abandoned:
+                if conn is not None:
+                    conn.close()
+                return
+            self._conn, self._error = conn, error
+            self._done.set()
+
+    def result(self, timeout: float) -> psycopg.Connection[Any] | None:
+        """The connection, or None when it did not come within ``timeout``;
+        raises what connecting raised."""
+        self._done.wait(timeout)
+        with self._lock:
+            if not self._done.is_set():
+                self._abandoned = True
+                return None
+        if self._error is not None:
+            raise self._error
+        return self._conn
+
+
+class Watchdog:
+    """A daemon thread that frees stalled connections (see the module docstring).
+
+    ``connect`` returns a new psycopg connection each call (normally
+    :func:`sa_jobqueue.connections.raw_connect` of the application's engine);
+    the watchdog uses one per check, to read ``pg_stat_activity`` and to
+    terminate a backend, closes it afterwards and names its session
+    ``application_name`` (``None``: as the engine named it). A connect that
+    takes longer than ``check_timeout`` is given up (no other is started
+    while it hangs), as is a check that takes longer once connected; the
+    watchdog logs it and looks again at its next interval.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]],
+        *,
+        after: float,
+        interval: float = 1.0,
+        check_timeout: float = 5.0,
+        application_name: str | None = WATCHDOG_APPLICATION_NAME,
+    ) -> None:
+        if not callable(connect):
+            raise TypeError(f"connect must be a callable returning a psycopg connection, got {connect!r}")
+        self._connect = connect
         self._after = after
         self._interval = interval
         self._check_timeout = check_timeout
-        self._watched: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
-        # Per connection: (monotonic time its current command was first seen
-        # in progress, how many checks in a row found its backend not active).
-        self._active: weakref.WeakKeyDictionary[psycopg.Connection[Any], list[float]] = weakref.WeakKeyDictionary()
+        self._application_name = application_name
+        self._key = object()  # this watchdog's entry in each connection's info
+        self._backends: weakref.WeakSet[_Backend] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sa_jobqueue-watchdog", daemon=True)
+        self._hanging: _Attempt | None = None  # a connect given up on, its thread maybe still waiting
         #: Backends terminated so far (for logs and tests).
         self.freed = 0
+        #: Looks at the watched statements completed so far (for tests).
+        self.looks = 0
 
-    def watch(self, conn: Any) -> None:
-        """Watch a psycopg 3 connection (others are ignored) until it is garbage."""
-        if isinstance(conn, psycopg.Connection):
-            with self._lock:
-                self._watched.add(conn)
+    def watch_engine(self, engine: Engine) -> Callable[[], None]:
+        """Watch the statements ``engine`` sends (see the module docstring)
+        until the returned function is called; it may be called once.
+
+        Give it the worker's own engine. The statements of engines made from
+        it with ``execution_options()`` are watched too (they share its
+        events); those of any other engine are not. The events are registered
+        on ``engine`` and on its pool as of now (they follow the pool through
+        :meth:`~sqlalchemy.engine.Engine.dispose`). Connections that are not
+        psycopg 3 connections are ignored.
+        """
+        pool = engine.pool
+
+        def started(conn: Any, *rest: Any) -> None:
+            self._started(conn)
+
+        def ended(conn: Any, *rest: Any) -> None:
+            self._ended(conn.info)
+
+        def released(dbapi_connection: Any, connection_record: Any, *rest: Any) -> None:
+            self._ended(connection_record.info)
+
+        engine_events: list[tuple[str, Callable[..., None]]] = [
+            ("before_cursor_execute", started), ("after_cursor_execute", ended),
+        ]
+        # checkin ends what a failed statement left in flight; invalidate and
+        # close come before the connection's socket is closed.
+        pool_events: list[tuple[str, Callable[..., None]]] = [
+            ("checkin", released), ("invalidate", released), ("close", released),
+        ]
+        for name, fn in engine_events:
+            event.listen(engine, name, fn)
+        for name, fn in pool_events:
+            event.listen(pool, name, fn)
+
+        def unwatch() -> None:
+            # Removed from the pool they were added to: a pool recreated by
+            # dispose() holds copies that go with them.
+            for name, fn in engine_events:
+                event.remove(engine, name, fn)
+            for name, fn in pool_events:
+                event.remove(pool, name, fn)
+
+        return unwatch
 
     def start(self) -> None:
         self._thread.start()
@@ -94,6 +279,35 @@ class Watchdog:
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
         self._thread.join(timeout)
+
+    # -- in the threads that execute -------------------------------------------
+
+    def _started(self, conn: Any) -> None:
+        info = conn.info  # the pool record's: it lives as long as the DBAPI connection
+        backend = info.get(self._key)
+        if backend is None:
+            dbapi_connection = conn.connection.dbapi_connection
+            if not isinstance(dbapi_connection, psycopg.Connection):
+                info[self._key] = _UNWATCHED
+                return
+            # This thread owns the connection: reading libpq here is safe.
+            backend = _Backend(pid=dbapi_connection.info.backend_pid, fd=dbapi_connection.fileno())
+            info[self._key] = backend
+            with self._lock:
+                self._backends.add(backend)
+        if isinstance(backend, _Backend):
+            with self._lock:
+                backend.since = time.monotonic()
+                backend.statement += 1
+                backend.idle_checks = 0
+
+    def _ended(self, info: Any) -> None:
+        backend = info.get(self._key) if info is not None else None
+        if isinstance(backend, _Backend):
+            with self._lock:
+                backend.since = None
+
+    # -- in the watchdog's thread -----------------------------------------------
 
     def _run(self) -> None:
         while not self._stopping.wait(self._interval):
@@ -103,45 +317,44 @@ class Watchdog:
                     self._check(suspects)
             except Exception:  # never let the watchdog die
                 log.exception("watchdog: check failed")
+            self.looks += 1
 
-    def _suspects(self) -> dict[int, psycopg.Connection[Any]]:
-        """Connections with one command in progress for ``after`` seconds, by backend pid."""
+    def _suspects(self) -> list[tuple[_Backend, int, float]]:
+        """Statements in flight for ``after`` seconds: (backend, which statement, since)."""
         now = time.monotonic()
         with self._lock:
-            watched = list(self._watched)
-        suspects: dict[int, psycopg.Connection[Any]] = {}
-        for conn in watched:
-            if conn.closed or conn.pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
-                self._active.pop(conn, None)
-                continue
-            seen = self._active.setdefault(conn, [now, 0.0])
-            if now - seen[0] >= self._after:
-                suspects[conn.info.backend_pid] = conn
-        return suspects
+            return [
+                (backend, backend.statement, backend.since)
+                for backend in self._backends
+                if backend.since is not None and now - backend.since >= self._after
+            ]
 
-    def _check(self, suspects: dict[int, psycopg.Connection[Any]]) -> None:
-        states = self._backend_states(list(suspects))
-        for pid, conn in suspects.items():
-            seen = self._active.get(conn)
-            if seen is None:
-                continue
-            found = states.get(pid)
-            if found is None or found[0] == "active" or found[1] < self._after:
-                # Unknown to this server (a pooler's id), running, or busy with
-                # other statements lately: leave it.
-                seen[1] = 0
-                continue
-            state = found[0]
-            seen[1] += 1
-            if seen[1] < 2:
-                continue  # confirm on the next check: the reply may have been in flight
+    def _check(self, suspects: list[tuple[_Backend, int, float]]) -> None:
+        states = self._backend_states(sorted({backend.pid for backend, _, _ in suspects}))
+        for backend, statement, since in suspects:
+            state, age = states.get(backend.pid, ("unknown", 0.0))
+            with self._lock:
+                if backend.statement != statement or backend.since is None:
+                    continue  # it ended meanwhile
+                if state in ("unknown", "active") or age < self._after:
+                    # Unknown to this server (a pooler's id), running, or busy
+                    # with other statements lately: leave it.
+                    backend.idle_checks = 0
+                    continue
+                backend.idle_checks += 1
+                if backend.idle_checks < 2:
+                    continue  # confirm on the next check: the reply may have been in flight
             log.warning(
                 "watchdog: backend %s waited on for %.0f s but %s on the server: the connection is stalled; "
-                "terminating it", pid, time.monotonic() - seen[0], state,
+                "terminating it", backend.pid, time.monotonic() - since, state,
             )
-            self._terminate(pid)
-            shutdown_socket(conn.pgconn.socket)
-            self._active.pop(conn, None)
+            self._terminate(backend.pid)
+            with self._lock:
+                # Only while the same statement is in flight: its owner is
+                # still inside the call, so the socket is still this connection's.
+                if backend.statement == statement and backend.since is not None:
+                    shutdown_socket(backend.fd)
+                    backend.since = None
             self.freed += 1
 
     def _backend_states(self, pids: list[int]) -> dict[int, tuple[str, float]]:
@@ -155,16 +368,17 @@ class Watchdog:
             log.warning("watchdog: could not terminate backend %s: %s", pid, exc)
 
     def _query(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        """Run one query on a connection of the watchdog's own, which is shut
-        down if it takes longer than ``check_timeout`` (it may stall too)."""
-        with psycopg.connect(
-            self._conninfo, autocommit=True, connect_timeout=max(1, int(self._check_timeout)),
-            application_name="sa_jobqueue watchdog",
-        ) as conn:
-            timer = threading.Timer(self._check_timeout, shutdown_socket, (conn.pgconn.socket,))
-            timer.daemon = True
-            timer.start()
-            try:
-                return list(conn.execute(query, params).fetchall())
-            finally:
-                timer.cancel()
+        """Run one query on a connection of the watchdog's own, given up if
+        connecting or the query takes longer than ``check_timeout`` each
+        (that connection may stall too)."""
+        if self._hanging is not None and self._hanging.thread.is_alive():
+            raise TimeoutError("the watchdog's previous connection attempt still hangs")
+        attempt = _Attempt(self._connect)
+        conn = attempt.result(self._check_timeout)
+        if conn is None:
+            self._hanging = attempt
+            raise TimeoutError(f"the watchdog could not connect within {self._check_timeout:.1f} s")
+        self._hanging = None
+        with conn, socket_deadline(conn.fileno(), self._check_timeout):
+            own_session(conn, self._application_name)
+            return list(conn.execute(query, params).fetchall())

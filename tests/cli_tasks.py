@@ -8,6 +8,7 @@ as a zero-argument worker factory reading ``DATABASE_URL``.
 from __future__ import annotations
 
 import os
+import threading
 
 from sqlalchemy import BigInteger, String, create_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -34,6 +35,12 @@ tasks = TaskRegistry()
 @tasks.task
 def record(job: Job, session: Session) -> None:
     session.add(Done(job_id=job.id, note=(job.payload or {}).get("note")))
+
+
+@tasks.task(timeout=0.2, max_attempts=1)
+def stuck(job: Job) -> None:
+    """Hangs in Python, past its deadline: nothing on the server to cancel."""
+    threading.Event().wait(3600)
 
 
 def make_worker() -> Worker:

@@ -138,12 +138,21 @@ def retry_later(job: TaskJob) -> None:
     raise RetryJob("not yet", delay=timedelta(hours=1))
 
 
+@tasks.task
+def hang(job: TaskJob, session: Session) -> None:
+    """Announce the start in the marker file given, then hang (a stuck handler)."""
+    with open(job.payload["marker"], "a") as marker:
+        marker.write(f"{job.id}\n")
+    time.sleep(3600)
+
+
 def _work(args: argparse.Namespace) -> None:
     engine = create_engine(psycopg_url(args.url), pool_size=args.concurrency + 1)
     worker = Worker(
         engine, [jobs, emails, reports], tasks, queues=args.queues.split(","),
         concurrency=args.concurrency, mode=args.mode,
-        lease=timedelta(seconds=args.lease), poll_interval=args.poll,
+        lease=timedelta(seconds=args.lease), poll_interval=args.poll, batch_size=args.batch_size,
+        shutdown_timeout=timedelta(seconds=args.shutdown_timeout),
     )
     result = worker.run(until_empty=args.until_empty)
     print(json.dumps(asdict(result)), flush=True)
@@ -160,6 +169,7 @@ def _claim(args: argparse.Namespace) -> None:
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logging.getLogger("sa_jobqueue.worker").setLevel(logging.INFO)  # tests read what a stop logs
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
     work = sub.add_parser("work")
@@ -170,6 +180,8 @@ def main() -> None:
     work.add_argument("--poll", type=float, default=0.2)
     work.add_argument("--queues", default="default")
     work.add_argument("--until-empty", action="store_true")
+    work.add_argument("--batch-size", type=int, default=None)
+    work.add_argument("--shutdown-timeout", type=float, default=30.0)
     claim = sub.add_parser("claim")
     claim.add_argument("url")
     claim.add_argument("--limit", type=int, default=5)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -19,16 +22,17 @@ from pathlib import Path
 import cli_tasks
 import pytest
 from click.testing import CliRunner, Result
-from sqlalchemy import Engine, create_engine, select, text, update
+from sqlalchemy import Engine, create_engine, func, select, text, update
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import JobRepository
+from sa_jobqueue import JobRepository, Worker
 from sa_jobqueue.cli import format_age, main, parse_duration
 from sa_jobqueue.default import Job
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+CLI_DOC = ROOT / "docs" / "cli.md"
 repo = JobRepository(Job)
 
 
@@ -69,7 +73,7 @@ def _runner() -> CliRunner:
 
 
 def run(url: str | None, *args: str) -> Result:
-    return _runner().invoke(main, list(args), env={"DATABASE_URL": url}, catch_exceptions=True)
+    return _runner().invoke(main, list(args), env={"DATABASE_URL": url}, catch_exceptions=True, prog_name="sa-jobqueue")
 
 
 def ok(url: str | None, *args: str) -> str:
@@ -134,6 +138,22 @@ def test_enqueue_stats_list_show(cli_url: str, cli_engine: Engine) -> None:
     assert fields["queue"] == "mail" and fields["priority"] == "5" and fields["status"] == "pending"
 
 
+def _payload(engine: Engine, job_id: int) -> object:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT payload FROM sa_jobqueue_jobs WHERE id = :id"), {"id": job_id}).scalar_one()
+
+
+def test_a_missing_or_null_payload_is_stored_as_an_empty_object(cli_url: str, cli_engine: Engine) -> None:
+    """docs/cli.md: no --payload (or --payload null) is the library's payload=None, stored as {}."""
+    missing = int(ok(cli_url, "enqueue", "record"))
+    null = int(ok(cli_url, "enqueue", "record", "--payload", "null"))
+    listed = int(ok(cli_url, "enqueue", "record", "--payload", "[1, 2]"))
+    assert (_payload(cli_engine, missing), _payload(cli_engine, null), _payload(cli_engine, listed)) == ({}, {}, [1, 2])
+    fields = dict(line.split(None, 1) for line in ok(cli_url, "jobs", "show", str(missing)).splitlines())
+    assert fields["payload"] == "{}"
+    assert "default: {}" in ok(None, "enqueue", "--help")
+
+
 def test_cancel_and_retry(cli_url: str, cli_engine: Engine) -> None:
     a = int(ok(cli_url, "enqueue", "record"))
     b = int(ok(cli_url, "enqueue", "record"))
@@ -191,6 +211,30 @@ def test_health(cli_url: str, cli_engine: Engine) -> None:
     assert_one_line_error(run(cli_url, "health", "--model", "jobapp:TaskJob"), contains="does not exist")
 
 
+def test_health_fails_when_the_oldest_runnable_job_waits_too_long(cli_url: str, cli_engine: Engine) -> None:
+    """--max-runnable-age (default 300 s): a runnable job nobody takes is one error line, exit 1."""
+    ok(cli_url, "enqueue", "record", "--delay", "86400")  # scheduled tomorrow: not runnable, not counted
+    ok(cli_url, "health")
+    stale = int(ok(cli_url, "enqueue", "record"))
+    with cli_engine.begin() as conn:
+        conn.execute(text("UPDATE sa_jobqueue_jobs SET run_at = now() - interval '1 hour' WHERE id = :id"),
+                     {"id": stale})
+
+    result = run(cli_url, "health")
+    line = assert_one_line_error(result, contains="--max-runnable-age 300s")
+    assert result.exit_code == 1
+    assert "waited 1h00m" in line and "sa_jobqueue_jobs" in line
+    assert "oldest runnable   1h00m" in result.stdout  # the report is still printed
+
+    assert_one_line_error(run(cli_url, "health", "--max-runnable-age", "600"), contains="--max-runnable-age 600s")
+    assert "oldest runnable   1h00m" in ok(cli_url, "health", "--max-runnable-age", "7200")
+    ok(cli_url, "health", "--max-runnable-age", "off")
+    # Taken by a worker (running), it no longer counts.
+    with Session(cli_engine) as session, session.begin():
+        assert [job.id for job in repo.claim(session, limit=1)] == [stale]
+    assert "oldest runnable   -" in ok(cli_url, "health")
+
+
 # -- mistakes: one line, non-zero, no traceback, no password -----------------
 
 
@@ -221,14 +265,55 @@ def test_user_mistakes(cli_url: str, cli_engine: Engine, args: list[str], contai
     assert_one_line_error(run(cli_url, *args), contains=contains)
 
 
+@pytest.mark.parametrize(
+    ("args", "contains", "command"),
+    [
+        (["jobs", "show", "abc"], "Invalid value for 'ID': 'abc' is not a valid integer.", "jobs show"),
+        (["enqueue"], "Missing argument 'TASK'.", "enqueue"),
+        (["cancel"], "Missing argument 'ID...'.", "cancel"),
+        (["purge"], "Missing option '--older-than'.", "purge"),
+        (["no-such-command"], "No such command 'no-such-command'.", ""),
+        (["jobs", "frob"], "No such command 'frob'.", "jobs"),
+        (["stats", "--bogus"], "--bogus", "stats"),
+        (["jobs", "list", "--status", "nope"], "Invalid value for '--status'", "jobs list"),
+        (["jobs", "list", "--limit", "0"], "Invalid value for '--limit'", "jobs list"),
+        (["--log-level", "LOUD", "stats"], "Invalid value for '--log-level'", ""),
+        (["health", "--max-runnable-age", "-3"], "Invalid value for '--max-runnable-age'", "health"),
+        (["health", "--max-runnable-age", "soon"], "Invalid value for '--max-runnable-age'", "health"),
+    ],
+)
+def test_usage_errors_are_one_line(args: list[str], contains: str, command: str) -> None:
+    """click's usage errors print the usage and a hint on lines of their own; here they are one line,
+    the hint at its end."""
+    result = run("postgresql://postgres@127.0.0.1:1/test", *args)
+    line = assert_one_line_error(result, contains=contains)
+    assert result.exit_code == 2
+    assert line.endswith(f" Try '{' '.join(['sa-jobqueue', command]).strip()} --help' for help."), line
+
+
+def test_usage_errors_are_one_line_in_a_process() -> None:
+    """The same through ``python -m sa_jobqueue.cli``: exactly one line on stderr, nothing on stdout."""
+    for args in (["jobs", "show", "abc"], ["enqueue"]):
+        out = subprocess.run([sys.executable, "-m", "sa_jobqueue.cli", *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60, env=os.environ | {"DATABASE_URL": ""})
+        assert out.returncode == 2, out.stderr
+        assert out.stdout == ""
+        assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith("Error: "), out.stderr
+
+
+def test_a_group_without_a_command_shows_its_help() -> None:
+    result = run(None, "jobs")
+    assert "Commands:" in result.output and "show" in result.output
+    assert "Error" not in result.output + result.stderr
+
+
+@pytest.mark.timeout(120)  # the bound, should a connection attempt hang; no timing is asserted
 @pytest.mark.parametrize("command", [["stats"], ["health"], ["enqueue", "record"], ["jobs", "list"]])
 def test_unreachable_database_hides_the_password(command: list[str]) -> None:
-    started = time.monotonic()
-    line = assert_one_line_error(
-        run("postgresql://postgres:s3cret-pw@127.0.0.1:1/test", *command), contains="cannot connect"
-    )
-    assert "s3cret-pw" not in line and "***" in line
-    assert time.monotonic() - started < 10
+    result = run("postgresql://postgres:s3cret-pw@127.0.0.1:1/test", *command)
+    assert_one_line_error(result, contains="cannot connect to postgresql+psycopg://postgres:***@127.0.0.1:1/test")
+    assert result.exit_code == 1
+    assert "s3cret-pw" not in result.output + result.stderr
 
 
 @pytest.mark.parametrize("url", [None, "", "not a url at all :: s3cret-pw", "mysql://u:s3cret-pw@h/db"])
@@ -302,6 +387,21 @@ def test_worker_runs_a_factory_until_sigterm(cli_url: str, cli_engine: Engine) -
     assert _run_worker(cli_url, cli_engine, ["cli_tasks:make_worker"], "default")["completed"] == 2
 
 
+def test_a_worker_with_too_many_stuck_threads_exits_non_zero_in_one_line(cli_url: str, cli_engine: Engine) -> None:
+    for _ in range(3):
+        ok(cli_url, "enqueue", "stuck")
+    env = os.environ | {"DATABASE_URL": cli_url, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sa_jobqueue.cli", "worker", "cli_tasks:tasks", "--concurrency", "1", "--no-listen"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and "stuck in handlers past their deadline" in errors[0], proc.stderr
+    with cli_engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Job).where(Job.status == "dead")).scalar_one() == 2
+
+
 def test_custom_model(libpq_url: str, engine: Engine) -> None:
     import jobapp
 
@@ -311,3 +411,45 @@ def test_custom_model(libpq_url: str, engine: Engine) -> None:
     assert ok(libpq_url, "stats", "--model", "jobapp:TaskJob").startswith("no jobs in task_jobs")
     with engine.connect() as conn:
         assert conn.execute(select(jobapp.EmailJob.task).where(jobapp.EmailJob.id == job_id)).scalar_one() == "ledger"
+
+
+# -- docs/cli.md ---------------------------------------------------------------
+
+
+def _doc_blocks(language: str) -> list[str]:
+    return re.findall(rf"^ *```{language}\n(.*?)^ *```", CLI_DOC.read_text(encoding="utf-8"), re.S | re.M)
+
+
+def test_the_documented_error_lines(cli_url: str, cli_engine: Engine) -> None:
+    """Every ``$ sa-jobqueue …`` of the error examples in docs/cli.md prints the line shown under it."""
+    (block,) = [b for b in _doc_blocks("text") if b.startswith("$ sa-jobqueue")]
+    lines = block.splitlines()
+    pairs = list(zip(lines[::2], lines[1::2], strict=True))
+    assert len(pairs) >= 5
+    for command, shown in pairs:
+        assert command.startswith("$ sa-jobqueue "), command
+        result = run(cli_url, *shlex.split(command)[2:])
+        assert assert_one_line_error(result) == shown, command
+
+
+def test_the_documented_worker_factory(libpq_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/cli.md's ``myapp/worker.py`` builds its Worker (with a ``myapp/jobs.py`` of two tables)."""
+    (block,) = [b for b in _doc_blocks("python") if b.lstrip().startswith("# myapp/worker.py")]
+    package = tmp_path / "myapp"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "jobs.py").write_text(
+        "from jobapp import EmailJob, ReportJob\n"
+        "from sa_jobqueue import JobRepository, TaskRegistry\n"
+        "emails, reports, tasks = JobRepository(EmailJob), JobRepository(ReportJob), TaskRegistry()\n"
+    )
+    (package / "worker.py").write_text(textwrap.dedent(block))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("DATABASE_URL", libpq_url)
+    import myapp.worker  # type: ignore[import-not-found]
+
+    built = myapp.worker.make_worker()
+    assert isinstance(built, Worker)
+    assert (built.queues, built.concurrency) == (["signup", "mail"], 8)
+    for name in [m for m in sys.modules if m == "myapp" or m.startswith("myapp.")]:
+        del sys.modules[name]

@@ -23,10 +23,12 @@ import pytest
 from alembic.config import Config
 from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
 
 from alembic import command
-from sa_jobqueue import InvalidArgumentError
+from sa_jobqueue import InvalidArgumentError, JobRepository
 from sa_jobqueue.default import Base as DefaultBase
+from sa_jobqueue.default import Job
 from sa_jobqueue.migrations import QUEUE_STORAGE, queue_storage
 from sa_jobqueue.periodic import PERIODIC_TABLE, PeriodicBase
 
@@ -212,7 +214,7 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     assert {DEFAULT_TABLE, "sa_jobqueue_alembic_version"} <= tables(url)
     assert_job_objects(url, DEFAULT_TABLE)
     assert reloptions(url, DEFAULT_TABLE) == expected_reloptions(dict(QUEUE_STORAGE))
-    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0002",)]
+    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0003",)]
     # The application's history and tables are left alone.
     assert query(url, "SELECT version_num FROM alembic_version") == [("app_rev_42",)]
     # The schema the revisions build is the schema the model declares.
@@ -231,6 +233,9 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     # No drift, and the application's own table is not reported as one to drop.
     assert_no_drift(REPO, url)
 
+    alembic_cli("downgrade", "0002", cwd=REPO, database_url=url)
+    assert "cancel_requested_at" not in {c[0] for c in columns(url, DEFAULT_TABLE)}
+    assert PERIODIC_TABLE in tables(url)
     alembic_cli("downgrade", "0001", cwd=REPO, database_url=url)
     assert PERIODIC_TABLE not in tables(url)
     assert DEFAULT_TABLE in tables(url)
@@ -244,6 +249,43 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     assert snapshot(url, [PERIODIC_TABLE]) == periodic_reference
     assert reloptions(url, DEFAULT_TABLE) == expected_reloptions(dict(QUEUE_STORAGE))
     assert_no_drift(REPO, url)
+
+
+def test_revision_0003_adds_cancel_requested_at_to_a_table_with_jobs(create_database: Callable[[], URL]) -> None:
+    """From 0002 (the previous version's schema) with jobs in the table: the
+    column comes in empty, the rows stay, and the new code works on them."""
+    url = create_database()
+    alembic_cli("upgrade", "0002", cwd=REPO, database_url=url)
+    execute(
+        url,
+        f"INSERT INTO {DEFAULT_TABLE} (task, payload) VALUES ('noop', '{{\"n\": 1}}'), ('noop', '{{\"n\": 2}}')",
+        f"UPDATE {DEFAULT_TABLE} SET status = 'running', attempts = 1, lock_token = gen_random_uuid(), "
+        "lease_expires_at = now() + interval '1 minute' WHERE payload = '{\"n\": 2}'",
+    )
+    alembic_cli("upgrade", "head", cwd=REPO, database_url=url)
+
+    assert query(url, f"SELECT payload ->> 'n', status, cancel_requested_at FROM {DEFAULT_TABLE} ORDER BY id") == [
+        ("1", "pending", None), ("2", "running", None),
+    ]
+    assert ("cancel_requested_at", "timestamp with time zone", None, "YES", None, "NO", None) in columns(
+        url, DEFAULT_TABLE
+    )
+    assert snapshot(url, [DEFAULT_TABLE]) == reference_snapshot(
+        create_database, DefaultBase.metadata, [DEFAULT_TABLE]
+    )
+    repo = JobRepository(Job)
+    engine = create_engine(url)
+    try:
+        with Session(engine) as session, session.begin():
+            [claimed] = repo.claim(session)
+            assert claimed.payload == {"n": 1} and claimed.cancel_requested_at is None
+            running = session.scalar(text(f"SELECT id FROM {DEFAULT_TABLE} WHERE payload ->> 'n' = '2'"))
+            assert repo.cancel(session, running) is True
+    finally:
+        engine.dispose()
+    assert query(url, f"SELECT status, cancel_requested_at IS NOT NULL FROM {DEFAULT_TABLE} ORDER BY id") == [
+        ("running", False), ("running", True),
+    ]
 
 
 def test_check_reports_real_drift(create_database: Callable[[], URL]) -> None:
@@ -546,6 +588,43 @@ def test_user_environment_autogenerate_upgrade_rename(
     assert snapshot(url, user_tables) == reference_snapshot(
         create_database, models.Base.metadata, user_tables
     )
+
+
+def test_user_job_tables_of_the_previous_version_get_cancel_requested_at_by_autogenerate(
+    user_project: Path, create_database: Callable[[], URL]
+) -> None:
+    """docs/alembic.md: your own job tables need ``cancel_requested_at`` too, and
+    autogenerate writes it. The previous version's tables are today's without it."""
+    url = create_database()
+    alembic_cli(
+        "revision", "--autogenerate", "--rev-id", "u0001", "-m", "jobs",
+        cwd=user_project, database_url=url,
+    )
+    (first,) = (user_project / "alembic" / "versions").glob("u0001_*.py")
+    first.write_text(first.read_text().replace(
+        "    sa.Column('cancel_requested_at', sa.DateTime(timezone=True), nullable=True),\n", ""
+    ))
+    assert "cancel_requested_at" not in first.read_text()
+    alembic_cli("upgrade", "head", cwd=user_project, database_url=url)
+    execute(url, "INSERT INTO email_jobs (task) VALUES ('noop')")
+    proc = alembic_cli("check", cwd=user_project, database_url=url, check=False)
+    assert proc.returncode != 0 and "cancel_requested_at" in proc.stdout + proc.stderr
+
+    alembic_cli(
+        "revision", "--autogenerate", "--rev-id", "u0002", "-m", "cancel requests",
+        cwd=user_project, database_url=url,
+    )
+    (second,) = (user_project / "alembic" / "versions").glob("u0002_*.py")
+    source = second.read_text()
+    for table in ("email_jobs", "report_jobs"):
+        assert (
+            f"op.add_column('{table}', sa.Column('cancel_requested_at', sa.DateTime(timezone=True), "
+            "nullable=True))"
+        ) in source
+        assert f"op.drop_column('{table}', 'cancel_requested_at')" in source
+    alembic_cli("upgrade", "head", cwd=user_project, database_url=url)
+    assert_no_drift(user_project, url)
+    assert query(url, "SELECT task, cancel_requested_at FROM email_jobs") == [("noop", None)]
 
 
 # --------------------------------------------------------------------------- helpers' arguments

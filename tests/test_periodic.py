@@ -333,8 +333,9 @@ def test_the_database_clock_decides_when_now_is_not_given(
 
 def test_a_worker_schedules_only_the_queues_it_serves(engine: Engine) -> None:
     registry = registry_with(("* * * * *", {"queue": "elsewhere"}))
-    assert Worker(engine, jobs, registry, listen=False)._periodic is None
-    assert Worker(engine, jobs, registry, queues=["elsewhere"], listen=False)._periodic is not None
+    # The worker's periodic pass is built from the schedules of its own queues (PeriodicPass.of).
+    assert not PeriodicScheduler(jobs, registry, queues=["default"])
+    assert PeriodicScheduler(jobs, registry, queues=["elsewhere"])
     with pytest.raises(InvalidArgumentError) as raised:
         Worker(engine, jobs, registry, periodic_interval=0)
     assert raised.value.parameter == "periodic_interval"

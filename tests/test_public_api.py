@@ -11,7 +11,7 @@ import sa_jobqueue
 PUBLIC_API = [
     "STATUSES", "InvalidArgumentError", "JobLostError", "JobMixin", "JobQueueError",
     "JobRepository", "JobSpec", "JobTableError", "QueueStats", "ReapResult", "RetryJob",
-    "RetryPolicy", "Task", "TaskRegistry", "Worker", "WorkerResult", "job_table_args",
+    "RetryPolicy", "Task", "TaskRegistry", "Worker", "WorkerResult", "WorkerStuckError", "job_table_args",
     "psycopg_url", "Periodic", "PeriodicScheduler", "create_periodic_table",
 ]
 

@@ -4,7 +4,9 @@ the transaction that records it committed, in both modes."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -39,25 +41,50 @@ def events() -> Iterator[list[tuple[str, dict[str, Any]]]]:
             signal.disconnect(receiver)
 
 
-def _registry() -> TaskRegistry:
+# How long each handler call took, by (job id, attempt), as the handler
+# measured it: a span the reported duration must cover.
+Spans = dict[tuple[int, int], float]
+
+# Each handler runs at least this long (it blocks until then), so that a
+# duration measured around anything less than the whole call falls short.
+HANDLER_SPAN = 0.02
+
+
+@contextmanager
+def _measured(spans: Spans, job: TaskJob) -> Iterator[None]:
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        while time.monotonic() - start < HANDLER_SPAN:
+            time.sleep(HANDLER_SPAN / 4)
+        spans[(job.id, job.attempts)] = time.monotonic() - start
+
+
+def _registry(spans: Spans | None = None) -> TaskRegistry:
     registry = TaskRegistry()
+    spans = {} if spans is None else spans
 
     @registry.task("quick")
     def quick(job: TaskJob) -> None:
-        pass
+        with _measured(spans, job):
+            pass
 
     @registry.task("write")
     def write(job: TaskJob, session: Session) -> None:
-        session.add(Ledger(job_id=job.id))
+        with _measured(spans, job):
+            session.add(Ledger(job_id=job.id))
 
     @registry.task("flaky", retry=NOW)
     def flaky(job: TaskJob, session: Session) -> None:
-        if job.attempts < 2:
-            raise RuntimeError("first attempt fails")
+        with _measured(spans, job):
+            if job.attempts < 2:
+                raise RuntimeError("first attempt fails")
 
     @registry.task("doomed", retry=NOW)
     def doomed(job: TaskJob, session: Session) -> None:
-        raise ValueError("always")
+        with _measured(spans, job):
+            raise ValueError("always")
 
     return registry
 
@@ -70,7 +97,8 @@ def test_each_event_is_signalled_once_after_it_committed(
         quick, write, flaky = jobs.enqueue_many(session, [JobSpec("quick"), JobSpec("write"), JobSpec("flaky")])
         doomed = jobs.enqueue(session, "doomed", max_attempts=1)
         unknown = jobs.enqueue(session, "nobody_handles_this")
-    result = Worker(engine, jobs, _registry(), mode=mode, concurrency=2, poll_interval=0.05,
+    spans: Spans = {}
+    result = Worker(engine, jobs, _registry(spans), mode=mode, concurrency=2, poll_interval=0.05,
                     listen=False).run(until_empty=True)
     assert (result.completed, result.retried, result.dead) == (3, 1, 2)
 
@@ -88,7 +116,16 @@ def test_each_event_is_signalled_once_after_it_committed(
     assert by_job[("job-dead", unknown.id)]["error"] is None
     assert by_job[("job-retried", flaky.id)]["status"] == "pending"
     assert by_job[("job-retried", flaky.id)]["job"].attempts == 1
-    assert all(kw["duration"] >= 0 for n, kw in events if n != "job-started")
+    # A duration covers the handler's whole call: at least the span the handler
+    # measured inside itself (for the unknown task, no handler ran).
+    timed = [(n, kw) for n, kw in events if n != "job-started"]
+    assert timed and all(isinstance(kw["duration"], float) for n, kw in timed)
+    for name, kw in timed:
+        span = spans.get((kw["job"].id, kw["job"].attempts))
+        if kw["job"].id == unknown.id:
+            assert span is None and kw["duration"] >= 0, (name, kw)
+        else:
+            assert span is not None and kw["duration"] >= span >= HANDLER_SPAN, (name, kw, span)
 
 
 def test_a_failing_receiver_never_affects_the_job(engine: Engine, sessions: sessionmaker[Session]) -> None:

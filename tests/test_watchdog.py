@@ -1,17 +1,22 @@
-"""The watchdog frees a connection stalled behind a half-open path, and never
-interrupts a statement the server is running (sa_jobqueue/watchdog.py)."""
+"""The watchdog frees a connection of the engine it watches stalled behind a
+half-open path, never interrupts a statement the server is running, and
+leaves other engines' connections alone (sa_jobqueue/watchdog.py)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 from tcpproxy import TcpProxy
 
+from sa_jobqueue.connections import raw_connect, worker_engine
 from sa_jobqueue.watchdog import Watchdog
 
 
@@ -24,20 +29,44 @@ def _upstream(url: URL) -> tuple[str, int] | str:
 
 
 @pytest.fixture
-def proxied(db_url: URL) -> Iterator[tuple[TcpProxy, str]]:
-    """A TCP proxy in front of the test database, and a libpq URL through it."""
+def proxied(db_url: URL) -> Iterator[tuple[TcpProxy, Engine]]:
+    """A TCP proxy in front of the test database, and an app engine through it."""
     with TcpProxy(_upstream(db_url)) as proxy:
-        url = db_url.set(drivername="postgresql", host="127.0.0.1", port=proxy.port, query={})
-        yield proxy, url.render_as_string(hide_password=False)
+        app = create_engine(db_url.set(host="127.0.0.1", port=proxy.port, query={}))
+        try:
+            yield proxy, app
+        finally:
+            proxy.stop()  # first: frees whatever is still frozen, so that nothing below waits
+            app.dispose()
 
 
-def _in_thread(conn: psycopg.Connection[object], query: str) -> tuple[threading.Thread, list[object]]:
+@pytest.fixture
+def watched(proxied: tuple[TcpProxy, Engine]) -> Iterator[Callable[..., tuple[Engine, Watchdog]]]:
+    """Factory: a worker engine of the proxied app engine, and a watchdog
+    watching it (not started); both are stopped and disposed at the end."""
+    made: list[tuple[Engine, Watchdog, Callable[[], None]]] = []
+
+    def make(**kwargs: Any) -> tuple[Engine, Watchdog]:
+        _, app = proxied
+        own = worker_engine(app, pool_size=2, name="watched")
+        watchdog = Watchdog(raw_connect(app), **kwargs)
+        made.append((own, watchdog, watchdog.watch_engine(own)))
+        return own, watchdog
+
+    yield make
+    for own, watchdog, unwatch in made:
+        watchdog.stop()
+        unwatch()
+        own.dispose()
+
+
+def _in_thread(conn: Connection, query: str) -> tuple[threading.Thread, list[object]]:
     outcome: list[object] = []
 
     def run() -> None:
         try:
-            outcome.append(conn.execute(query).fetchall())
-        except psycopg.Error as exc:
+            outcome.append([tuple(row) for row in conn.execute(text(query))])
+        except DBAPIError as exc:
             outcome.append(exc)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -45,64 +74,111 @@ def _in_thread(conn: psycopg.Connection[object], query: str) -> tuple[threading.
     return thread, outcome
 
 
-def test_a_stalled_statement_fails_and_its_backend_is_terminated(proxied: tuple[TcpProxy, str]) -> None:
-    proxy, url = proxied
-    watchdog = Watchdog(url, after=1.0, interval=0.2)
-    with psycopg.connect(url) as conn:
-        conn.execute("SELECT 1")  # a transaction is open: the server side holds it
-        pid = conn.info.backend_pid
-        watchdog.watch(conn)
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _backend_exists(engine: Engine, pid: int) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).scalar())
+
+
+def _pid(conn: Connection) -> int:
+    return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def test_a_stalled_statement_fails_and_its_backend_is_terminated(
+    proxied: tuple[TcpProxy, Engine], watched: Callable[..., tuple[Engine, Watchdog]], engine: Engine
+) -> None:
+    proxy, _ = proxied
+    own, watchdog = watched(after=1.0, interval=0.2)
+    with own.connect() as conn:
+        pid = _pid(conn)
         watchdog.start()
-        try:
-            assert proxy.half_open() == 1
-            thread, outcome = _in_thread(conn, "SELECT 2")
-            thread.join(30)
-            assert not thread.is_alive(), "the stalled statement was never freed"
-        finally:
-            watchdog.stop()
-    assert len(outcome) == 1 and isinstance(outcome[0], psycopg.OperationalError)
+        assert proxy.half_open() == 1
+        thread, outcome = _in_thread(conn, "SELECT 2")
+        thread.join(30)
+        assert not thread.is_alive(), "the stalled statement was never freed"
+    [error] = outcome
+    assert isinstance(error, DBAPIError) and isinstance(error.orig, psycopg.OperationalError)
+    assert error.connection_invalidated
     assert watchdog.freed == 1
-    with psycopg.connect(url, autocommit=True) as other:
-        assert other.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (0,)
+    # `engine` reaches the server directly. The backend was told to go; it exits when it gets to it.
+    _wait_for(lambda: not _backend_exists(engine, pid), 30, "the terminated backend to exit")
 
 
-def test_a_long_statement_is_left_alone(proxied: tuple[TcpProxy, str]) -> None:
-    proxy, url = proxied
-    watchdog = Watchdog(url, after=0.3, interval=0.1)
-    with psycopg.connect(url) as conn:
-        watchdog.watch(conn)
+def test_a_long_statement_is_left_alone(watched: Callable[..., tuple[Engine, Watchdog]]) -> None:
+    own, watchdog = watched(after=0.3, interval=0.1)
+    with own.connect() as conn:
+        conn.execute(text("SELECT 1"))
         watchdog.start()
-        try:
-            thread, outcome = _in_thread(conn, "SELECT 7 FROM pg_sleep(2.5)")
-            thread.join(30)
-        finally:
-            watchdog.stop()
+        thread, outcome = _in_thread(conn, "SELECT 7 FROM pg_sleep(2.5)")
+        thread.join(30)
     assert not thread.is_alive() and outcome == [[(7,)]]
-    assert watchdog.freed == 0
+    assert watchdog.looks > 0 and watchdog.freed == 0
 
 
-def test_a_busy_connection_is_left_alone(proxied: tuple[TcpProxy, str]) -> None:
-    """A connection that sends statement after statement, each read late (as
-    a thread starved of the GIL does), looks "in progress" at every look while
-    its backend is idle between statements: its backend's state keeps
-    changing, so it is no stall."""
-    _, url = proxied
-    watchdog = Watchdog(url, after=0.5, interval=0.05)
-    with psycopg.connect(url) as conn:
-        pgconn = conn.pgconn
-        assert pgconn.exec_(b"BEGIN").status == psycopg.pq.ExecStatus.COMMAND_OK
-        watchdog.watch(conn)
-        watchdog.start()
+def test_a_busy_connection_is_left_alone(
+    proxied: tuple[TcpProxy, Engine], watched: Callable[..., tuple[Engine, Watchdog]]
+) -> None:
+    """Statement after statement, each reply read late (as a thread starved
+    of the GIL does): the connection has a statement in flight far longer
+    than ``after`` in total, its backend idle for most of it, but no single
+    statement waits that long and the backend's state keeps changing, so it
+    is no stall."""
+    _, app = proxied
+    own, watchdog = watched(after=1.0, interval=0.05)
+    statuses: list[list[psycopg.pq.ExecStatus]] = []
+
+    def read_late(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+        pgconn = cursor.connection.pgconn
+        pgconn.send_query(statement.encode())
+        time.sleep(0.2)  # the reply arrived long ago; nobody reads it yet
+        got = []
+        while (result := pgconn.get_result()) is not None:
+            got.append(result.status)
+        statuses.append(got)
+        return True  # executed: SQLAlchemy sends nothing more
+
+    with own.connect() as conn:
+        conn.execute(text("SELECT 1"))  # connected and the dialect initialized, before the hook
+        event.listen(app, "do_execute", read_late)
         try:
-            deadline = time.monotonic() + 3.0
+            watchdog.start()
+            deadline = time.monotonic() + 4.0
             while time.monotonic() < deadline:
-                pgconn.send_query(b"SELECT 1")
-                time.sleep(0.2)  # the reply arrived long ago; nobody reads it yet
-                statuses = []
-                while (result := pgconn.get_result()) is not None:
-                    statuses.append(result.status)
-                assert statuses == [psycopg.pq.ExecStatus.TUPLES_OK], "the connection was shut down"
+                conn.execute(text("SELECT 1"))
         finally:
-            watchdog.stop()
-        pgconn.exec_(b"ROLLBACK")
+            event.remove(app, "do_execute", read_late)
+    assert len(statuses) > 5 and all(got == [psycopg.pq.ExecStatus.TUPLES_OK] for got in statuses), statuses
     assert watchdog.freed == 0
+
+
+def test_only_the_watched_engines_connections_are_freed(
+    proxied: tuple[TcpProxy, Engine], watched: Callable[..., tuple[Engine, Watchdog]]
+) -> None:
+    """The app's connection stalls first and longest, on the same server:
+    were it watched, it would be freed no later than the worker's."""
+    proxy, app = proxied
+    own, watchdog = watched(after=1.0, interval=0.2)
+    with app.connect() as app_conn, own.connect() as own_conn:
+        app_conn.execute(text("SELECT 1"))
+        own_conn.execute(text("SELECT 1"))
+        watchdog.start()
+        assert proxy.half_open() == 2
+        app_thread, app_outcome = _in_thread(app_conn, "SELECT 1")
+        own_thread, own_outcome = _in_thread(own_conn, "SELECT 2")
+        own_thread.join(30)
+        assert not own_thread.is_alive(), "the worker engine's stalled statement was never freed"
+        looked = watchdog.looks
+        # Three more looks: time enough to suspect the app's statement and confirm it twice.
+        _wait_for(lambda: watchdog.looks >= looked + 3, 30, "three more looks of the watchdog")
+        assert app_thread.is_alive() and app_outcome == []
+        assert watchdog.freed == 1
+        proxy.stop()  # the app's stalled statement fails once its socket closes
+        app_thread.join(30)
+        assert not app_thread.is_alive()
+    assert isinstance(own_outcome[0], DBAPIError)

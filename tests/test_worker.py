@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqllog import recorded_sql
 
 from sa_jobqueue import InvalidArgumentError, JobSpec, TaskRegistry, Worker
-from sa_jobqueue.worker import CLAIMERS
+from sa_jobqueue.worker.options import CLAIMERS
 
 MODES = ["lease", "transaction"]
 
@@ -145,17 +145,6 @@ def test_registry_rejects_duplicates_and_detects_session_argument() -> None:
     with pytest.raises(InvalidArgumentError) as info:
         registry.register("x", plain, max_attempts=0)
     assert info.value.parameter == "max_attempts"
-
-
-def test_idle_polling_backs_off_with_jitter_up_to_the_poll_interval(engine: Engine) -> None:
-    worker = Worker(engine, jobs, tasks, poll_interval=2.0)
-    waits = [0.0]
-    for _ in range(12):
-        waits.append(worker._next_idle_wait(waits[-1]))
-    assert 0.05 * 0.75 <= waits[1] <= 0.05 * 1.25
-    assert waits[4] > waits[2] > waits[1]
-    assert all(w <= 2.0 * 1.25 for w in waits) and waits[-1] >= 2.0 * 0.75
-    assert len({round(worker._next_idle_wait(1.0), 6) for _ in range(10)}) > 1
 
 
 def test_sessionless_handlers_complete_in_batches(engine: Engine, sessions: sessionmaker[Session]) -> None:

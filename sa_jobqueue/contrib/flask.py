@@ -36,7 +36,6 @@ Only this module imports Flask; the core of sa_jobqueue never does.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -46,12 +45,21 @@ from flask import Flask, current_app, has_app_context
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import Session
 
-from ..cli import CliUsageError, _State, database_errors, main
+from ..cli import (
+    CliState,
+    CliUsageError,
+    OneLineGroup,
+    database_errors,
+    main,
+    result_line,
+    shutdown_options,
+    shutdown_timeout_option,
+)
 from ..default import Job
 from ..errors import InvalidArgumentError, JobQueueError
 from ..registry import Handler, Task, TaskRegistry
 from ..repository import JobRepository
-from ..worker import Mode, Worker, WorkerResult
+from ..worker import Worker
 
 EXTENSION = "sa_jobqueue"
 
@@ -190,12 +198,12 @@ class JobQueue:
     def _cli_group(self, app: Flask, db: SQLAlchemy) -> click.Group:
         jobqueue = self
 
-        @click.group("jobs", context_settings={"help_option_names": ["-h", "--help"]})
+        @click.group("jobs", cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
         @click.pass_context
         def group(ctx: click.Context) -> None:
             """Job queues on the app's database: workers, enqueueing, inspection, housekeeping."""
             ctx.with_resource(app.app_context())
-            ctx.obj = _State(None, engine=db.engine, repository=jobqueue.repository)
+            ctx.obj = CliState(None, engine=db.engine, repository=jobqueue.repository)
 
         for name, command in main.commands.items():
             if name != "worker":
@@ -212,28 +220,25 @@ class JobQueue:
         @click.option("--batch-size", type=int, default=None, help="Jobs per claim.")
         @click.option("--name", default=None, help="Worker name stored in locked_by (default host:pid:random).")
         @click.option("--until-empty", is_flag=True, help="Stop when no job is runnable (default: run until SIGTERM).")
+        @shutdown_timeout_option
+        @click.pass_context
         def worker(
-            queues: tuple[str, ...], concurrency: int, mode: str, listen: bool, batch_size: int | None,
-            name: str | None, until_empty: bool,
+            ctx: click.Context, queues: tuple[str, ...], concurrency: int, mode: str, listen: bool,
+            batch_size: int | None, name: str | None, until_empty: bool, shutdown_timeout: float,
         ) -> None:
             """Run a worker for the app's tasks, each job in the app context, until SIGINT or SIGTERM."""
             try:
                 built = jobqueue.worker(
-                    app, queues=list(queues) or "default", concurrency=concurrency, mode=cast(Mode, mode),
-                    listen=listen, batch_size=batch_size, name=name,
+                    app, queues=list(queues) or "default", concurrency=concurrency, mode=mode,
+                    listen=listen, batch_size=batch_size, name=name, **shutdown_options(ctx, shutdown_timeout),
                 )
             except JobQueueError as exc:
                 raise CliUsageError(str(exc)) from None
             with database_errors(db.engine, jobqueue.repository.table.name):
                 result = built.run(until_empty=until_empty)
-            click.echo(_result_json(result))
+            click.echo(result_line(result))
 
         return group
-
-
-def _result_json(result: WorkerResult) -> str:
-    return json.dumps({"completed": result.completed, "retried": result.retried, "dead": result.dead,
-                       "lost": result.lost})
 
 
 def _in_app_context(app: Flask, db: SQLAlchemy, task: Task) -> Handler:

@@ -2,8 +2,16 @@
 handlers, and a CLI that runs one worker process.
 
     python tests/chaos/chaosapp.py work URL --mode lease --concurrency 4 --lease 3 [--no-listen] [--pgbouncer]
+        [--batch-size N] [--pool-size N --max-overflow N --pool-timeout S] [--log-level INFO]
+    python tests/chaos/chaosapp.py produce URL --producer N --seconds 20 --keys 60 --per-call 12
 
 The worker runs until SIGTERM/SIGINT, then prints its WorkerResult as JSON.
+``--pool-size``, ``--max-overflow`` and ``--pool-timeout`` size the
+application's engine (the jobs' sessions); by default it has
+``concurrency + 1`` connections, 2 more at peaks, and waits 30 s for one.
+``produce`` is one producer of the bulk-dedupe scenario: it calls
+``enqueue_many`` with overlapping dedupe keys in a shuffled order for a
+while, then prints what it did as JSON (see :func:`_produce`).
 
 Each handler call first appends ``job_id attempt pid time`` to a run log of
 its own process (``$CHAOS_RUNLOG/runs-<pid>.log``, written with one
@@ -21,21 +29,24 @@ import faulthandler
 import json
 import logging
 import os
+import random
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Engine, Integer, create_engine, func, text
+from sqlalchemy import BigInteger, DateTime, Engine, Integer, create_engine, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sa_jobqueue import JobMixin, JobRepository, RetryPolicy, TaskRegistry, Worker  # noqa: E402
+from sa_jobqueue import JobMixin, JobRepository, JobSpec, RetryPolicy, TaskRegistry, Worker  # noqa: E402
 from sa_jobqueue.urls import psycopg_url  # noqa: E402
 
 
@@ -92,10 +103,41 @@ def _record_start(job: ChaosJob) -> None:
 
 
 HOLD_QUERY = "SELECT 'chaos-hold'"
+LEAK_QUERY = "SELECT 'chaos-leak'"
+log = logging.getLogger("chaosapp")
+
+# Sessions that handlers with ``payload.leak`` opened and did not close (this process's).
+_leaked: list[Session] = []
+_leak_lock = threading.Lock()
+
+
+def _leak(session: Session, keep: int) -> None:
+    """What a buggy handler does: open a Session of its own on the app's engine,
+    run a query in it and keep it open (a checked-out connection, idle in
+    transaction). Once ``keep`` are held, the next such handler closes them
+    all instead, which gives their connections back to the pool."""
+    with _leak_lock:
+        if len(_leaked) >= keep:
+            released = list(_leaked)
+            _leaked.clear()
+        else:
+            released = []
+            extra = Session(session.get_bind())
+            _leaked.append(extra)
+            held = len(_leaked)
+    if released:
+        for extra in released:
+            extra.close()  # a connection the server ended meanwhile is discarded by the pool
+        log.warning("chaos leak: released %s leaked session(s)", len(released))
+        return
+    extra.execute(text(LEAK_QUERY))  # checks out a connection and keeps it
+    log.warning("chaos leak: leaked a session (%s held)", held)
 
 
 def _run(job: ChaosJob, session: Session) -> None:
     _record_start(job)
+    if job.payload.get("leak"):
+        _leak(session, int(job.payload["leak"]))
     if job.payload.get("hold"):
         # Open the job's transaction on its connection before sleeping, so a
         # test can find this backend (its last query) and stall its connection.
@@ -142,22 +184,82 @@ def connect_args(*, pgbouncer: bool, application_name: str = "chaos-worker") -> 
     return args
 
 
-def make_engine(url: str, *, concurrency: int, pgbouncer: bool) -> Engine:
+def make_engine(url: str, *, concurrency: int, pgbouncer: bool, pool_size: int | None = None,
+                max_overflow: int = 2, pool_timeout: float = 30) -> Engine:
     return create_engine(
-        psycopg_url(url), pool_size=concurrency + 1, max_overflow=2, pool_timeout=30,
-        pool_pre_ping=True,
+        psycopg_url(url), pool_size=concurrency + 1 if pool_size is None else pool_size,
+        max_overflow=max_overflow, pool_timeout=pool_timeout, pool_pre_ping=True,
         connect_args=connect_args(pgbouncer=pgbouncer, application_name=f"chaos-worker-{os.getpid()}"),
     )
 
 
 def _work(args: argparse.Namespace) -> None:
-    engine = make_engine(args.url, concurrency=args.concurrency, pgbouncer=args.pgbouncer)
+    engine = make_engine(args.url, concurrency=args.concurrency, pgbouncer=args.pgbouncer,
+                         pool_size=args.pool_size, max_overflow=args.max_overflow, pool_timeout=args.pool_timeout)
     worker = Worker(
         engine, jobs, tasks, concurrency=args.concurrency, mode=args.mode,
         lease=timedelta(seconds=args.lease), poll_interval=args.poll, listen=args.listen,
+        batch_size=args.batch_size,
     )
     result = worker.run()
     print(json.dumps({"pid": os.getpid(), **asdict(result)}), flush=True)
+
+
+def _produce(args: argparse.Namespace) -> None:
+    """One producer: for ``--seconds``, call ``enqueue_many`` with ``--per-call``
+    specs whose dedupe keys are drawn from ``k0`` … ``k<keys-1>`` (a few of
+    them twice) in a shuffled order, each call in its own transaction with a
+    ``chaos_batches`` row (batch ``--batch-base + n``) listing the ids it
+    returned; the transaction stays open a moment after the insert, so the
+    keys it wrote overlap other producers' transactions. Every error is
+    counted, by SQLSTATE (40P01 is a deadlock), and the producer goes on.
+
+    Prints {"producer", "calls", "committed", "rows", "inserted", "deduped",
+    "errors": {sqlstate: n}, "messages": [...], "wrong_key": n}: ``inserted``
+    counts returned jobs created by the call's own transaction (their
+    ``created_at`` is its ``now()``), ``deduped`` those that a live job of
+    another transaction (or an earlier row of the call) stood for, and
+    ``wrong_key`` returned jobs whose dedupe key is not the spec's.
+    """
+    rng = random.Random(f"{args.seed}:producer:{args.producer}")
+    engine = create_engine(psycopg_url(args.url), pool_size=1, pool_pre_ping=True,
+                           connect_args=connect_args(pgbouncer=False,
+                                                     application_name=f"chaos-producer-{args.producer}"))
+    stats: dict[str, Any] = {"producer": args.producer, "calls": 0, "committed": 0, "rows": 0, "inserted": 0,
+                             "deduped": 0, "wrong_key": 0, "errors": {}, "messages": []}
+    deadline = time.monotonic() + args.seconds
+    n = 0
+    try:
+        while time.monotonic() < deadline:
+            keys = [f"k{k}" for k in rng.sample(range(args.keys), args.per_call)]
+            keys += rng.sample(keys, 2)  # repeats within one call
+            rng.shuffle(keys)
+            specs = [JobSpec("effect", {"key": key, "producer": args.producer, "sleep": round(rng.uniform(0, 0.01), 4)},
+                             dedupe_key=key, max_attempts=25) for key in keys]
+            stats["calls"] += 1
+            try:
+                with Session(engine) as session, session.begin():
+                    now = session.execute(select(func.now())).scalar_one()
+                    rows = jobs.enqueue_many(session, specs)
+                    session.add(Batch(batch=args.batch_base + n, ids=[row.id for row in rows]))
+                    session.flush()
+                    time.sleep(rng.uniform(0, 0.02))  # hold the new keys' row locks a moment
+                stats["committed"] += 1
+                stats["rows"] += len(rows)
+                fresh = {row.id for row in rows if row.created_at == now}
+                stats["inserted"] += len(fresh)
+                stats["deduped"] += sum(row.id not in fresh for row in rows)
+                stats["wrong_key"] += sum(row.dedupe_key != key for row, key in zip(rows, keys, strict=True))
+            except DBAPIError as exc:
+                state = getattr(exc.orig, "sqlstate", None) or type(exc.orig).__name__
+                stats["errors"][state] = stats["errors"].get(state, 0) + 1
+                if len(stats["messages"]) < 5:
+                    stats["messages"].append(str(exc.orig).strip()[:500])
+            n += 1
+            time.sleep(rng.uniform(0, 0.05))
+    finally:
+        engine.dispose()
+    print(json.dumps(stats), flush=True)
 
 
 def main() -> None:
@@ -176,7 +278,24 @@ def main() -> None:
     work.add_argument("--poll", type=float, default=0.5)
     work.add_argument("--no-listen", dest="listen", action="store_false")
     work.add_argument("--pgbouncer", action="store_true")
+    work.add_argument("--batch-size", type=int, default=None)
+    work.add_argument("--pool-size", type=int, default=None)
+    work.add_argument("--max-overflow", type=int, default=2)
+    work.add_argument("--pool-timeout", type=float, default=30.0)
+    work.add_argument("--log-level", default="WARNING", help="of the sa_jobqueue loggers")
+    produce = sub.add_parser("produce")
+    produce.add_argument("url")
+    produce.add_argument("--producer", type=int, required=True)
+    produce.add_argument("--seed", default="0")
+    produce.add_argument("--seconds", type=float, default=20.0)
+    produce.add_argument("--keys", type=int, default=60)
+    produce.add_argument("--per-call", type=int, default=12)
+    produce.add_argument("--batch-base", type=int, required=True)
     args = parser.parse_args()
+    if args.command == "produce":
+        _produce(args)
+        return
+    logging.getLogger("sa_jobqueue").setLevel(args.log_level)
     _work(args)
 
 

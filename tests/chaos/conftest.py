@@ -63,3 +63,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     )
     for line in report_table(REPORT):
         terminalreporter.write_line(line)
+    notes = [(r, note) for r in REPORT for note in r.notes]
+    if notes:
+        terminalreporter.write_line("")
+        for r, note in notes:
+            terminalreporter.write_line(f"- {r.scenario} ({r.mode}): {note}")

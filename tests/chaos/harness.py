@@ -12,8 +12,16 @@ workers with SIGTERM and then checks:
   ``dead`` (vanished without an effect, or still pending/running: stuck);
 * **committed twice**: a job with more than one ``chaos_effects`` row;
 * an effect of a job that ended ``dead``, or of a job never enqueued;
+* **expected dead** (:meth:`Run.expect_dead`: rows a scenario wrote by SQL
+  that no handler can run): each ended ``dead`` with the ``last_error`` it
+  expects and no handler ever started on it; such rows are not counted as
+  enqueued jobs, nor as lost;
 * no worker hung (still running 30 s after SIGTERM) and none exited by
   itself.
+
+The enqueued jobs are those of the ``chaos_batches`` rows: the feeder's
+(batches ``0`` …) and those of producer processes a scenario starts
+(batches from :data:`PRODUCER_BATCHES` on, see ``chaosapp.py produce``).
 
 Every wait has a timeout; every process is ended by its PID.
 """
@@ -24,6 +32,7 @@ import bisect
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +42,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +59,22 @@ from sa_jobqueue.urls import psycopg_url
 APP = Path(__file__).with_name("chaosapp.py")
 LISTENER_APP_NAME = "sa_jobqueue listener"
 STOP_TIMEOUT = 20.0
+#: chaos_batches numbers from here on are producers' (chaosapp.py produce), not the feeder's.
+PRODUCER_BATCHES = 1_000_000
+# A log record's first line (chaosapp's format): "2024-01-01 12:00:00,123 <pid> <logger> <LEVEL> <message>".
+_RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\d+) (\S+) ([A-Z]+) (.*)$")
+
+
+@dataclass
+class LogRecord:
+    """One record of a worker's log: its first line's fields and its whole text
+    (the message and, for log.exception, the traceback that follows it)."""
+
+    at: float  # epoch seconds
+    pid: int
+    logger: str
+    level: str
+    text: str
 
 
 @dataclass
@@ -79,6 +105,7 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     known_bug: str | None = None
     fault_kinds: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what a scenario measured, printed under the report
 
     def assert_ok(self) -> None:
         assert not self.problems, f"{self.scenario} ({self.mode}): " + "; ".join(self.problems)
@@ -127,6 +154,7 @@ class Run:
         payload: Callable[[int, random.Random], tuple[str, dict[str, Any]]] | None = None,
         drain_timeout: float = 240.0,
         known_bug: str | None = None,
+        worker_args: list[str] | None = None,
     ) -> None:
         self.server = server
         self.dir = workdir
@@ -139,6 +167,10 @@ class Run:
         self.payload = payload or (lambda i, rng: ("effect", {"sleep": round(rng.uniform(0, 0.02), 4)}))
         self.drain_timeout = drain_timeout
         self.known_bug = known_bug
+        self.worker_args = list(worker_args or [])  # more chaosapp.py work options (pool, batch size, logs)
+        self.expected_dead: dict[int, str] = {}  # job id -> the start of its expected last_error
+        self.helpers: dict[int, subprocess.Popen[str]] = {}  # producers and the like, by PID
+        self.notes: list[str] = []  # see Outcome.notes
         self.stuck_at_timeout = ""
         self.database = f"chaos_{scenario}_{mode}_{uuid.uuid4().hex[:6]}"
         self.admin_url = server.url_for(self.database)
@@ -183,6 +215,7 @@ class Run:
             args.append("--no-listen")
         if self.pgbouncer:
             args.append("--pgbouncer")
+        args += self.worker_args
         with open(self.dir / f"worker-{n}.log", "w") as log:
             proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True,
                                     env={**os.environ, "CHAOS_RUNLOG": str(self.runlog)})
@@ -203,6 +236,20 @@ class Run:
         os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
         self.faults.append(Fault("SIGKILL", at, at, victim=pid))
+
+    def spawn_helper(self, name: str, *args: str) -> subprocess.Popen[str]:
+        """Start ``chaosapp.py <args>`` (not a worker: a producer, say), its stderr
+        in ``<name>.log``; :meth:`close` ends it by its PID if it is still running."""
+        with open(self.dir / f"{name}.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, str(APP), *args], stdout=subprocess.PIPE, stderr=log,
+                                    text=True, env={**os.environ, "CHAOS_RUNLOG": str(self.runlog)})
+        with self._lock:
+            self.helpers[proc.pid] = proc
+        return proc
+
+    def expect_dead(self, ids: list[int], error: str) -> None:
+        """Rows that must end ``dead`` with a ``last_error`` starting with ``error``, never run."""
+        self.expected_dead.update((job_id, error) for job_id in ids)
 
     def freeze(self, pid: int) -> float:
         os.kill(pid, signal.SIGSTOP)
@@ -290,7 +337,8 @@ class Run:
 
     # -- database ---------------------------------------------------------------
 
-    def query(self, sql: str, params: tuple[Any, ...] = (), *, timeout: float = 60.0) -> list[tuple[Any, ...]]:
+    def query(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = (), *,
+              timeout: float = 60.0) -> list[tuple[Any, ...]]:
         """Run one statement on a fresh direct connection, retrying through outages."""
         deadline = time.monotonic() + timeout
         while True:
@@ -423,7 +471,9 @@ class Run:
 
     def check(self, problems: list[str]) -> Outcome:
         batches = self.query("SELECT batch, ids FROM chaos_batches")
-        expected = {job_id for _, ids in batches for job_id in ids}
+        fed = {job_id for batch, ids in batches if batch < PRODUCER_BATCHES for job_id in ids}
+        produced = {job_id for batch, ids in batches if batch >= PRODUCER_BATCHES for job_id in ids}
+        expected = fed | produced
         status = dict(self.query("SELECT id, status FROM chaos_jobs"))
         effects: dict[int, list[tuple[int, int, float]]] = defaultdict(list)
         for job_id, attempt, pid, at in self.query(
@@ -432,10 +482,11 @@ class Run:
             effects[job_id].append((attempt, pid, at))
         starts = self._starts()
         kinds = Counter(f.kind for f in self.faults) + self.extra_faults
-        out = Outcome(self.scenario, self.mode, self.total, sum(kinds.values()))
+        out = Outcome(self.scenario, self.mode, len(expected), sum(kinds.values()))
         out.fault_kinds = dict(sorted(kinds.items()))
-        if len(expected) != self.total:
-            problems.append(f"{len(expected)} jobs enqueued instead of {self.total}")
+        if len(fed) != self.total:
+            problems.append(f"{len(fed)} jobs enqueued by the feeder instead of {self.total}")
+        problems += self._check_expected_dead(effects, starts)
         stuck = vanished = dead_with_effect = 0
         for job_id in expected:
             n, state = len(effects.get(job_id, ())), status.get(job_id)
@@ -448,7 +499,7 @@ class Run:
             else:
                 stuck += 1
         out.lost = stuck + vanished
-        strangers = set(effects) - expected
+        strangers = set(effects) - expected - set(self.expected_dead)
         if out.lost:
             problems.append(f"{out.lost} job(s) lost: {vanished} gone without effect, {stuck} stuck"
                             + (f" ({self.stuck_at_timeout} at the drain timeout)" if self.stuck_at_timeout else ""))
@@ -464,7 +515,62 @@ class Run:
         out.recover = self._recovery(effects, starts, status)
         out.problems = problems
         out.known_bug = self.known_bug
+        out.notes = list(self.notes)
         return out
+
+    def _check_expected_dead(self, effects: dict[int, list[tuple[int, int, float]]],
+                             starts: dict[int, list[tuple[int, int, float]]]) -> list[str]:
+        if not self.expected_dead:
+            return []
+        rows = {job_id: (state, error) for job_id, state, error in self.query(
+            "SELECT id, status, last_error FROM chaos_jobs WHERE id = ANY(%s)", (list(self.expected_dead),))}
+        wrong = []
+        for job_id, prefix in sorted(self.expected_dead.items()):
+            state, error = rows.get(job_id, (None, None))
+            if state != "dead" or not (error or "").startswith(prefix):
+                wrong.append(f"{job_id} is {state or 'gone'} with last_error {(error or '')[:80]!r}")
+            elif job_id in effects or job_id in starts:
+                wrong.append(f"{job_id} ran ({len(starts.get(job_id, ()))} handler starts)")
+        if wrong:
+            return [f"{len(wrong)} of {len(self.expected_dead)} expected-dead row(s) wrong: " + "; ".join(wrong[:5])]
+        return []
+
+    def attempts_beyond_runs(self) -> dict[int, tuple[int, int]]:
+        """Jobs that spent more attempts than their handler started: job id ->
+        (highest attempt seen, handler starts). The attempt seen is the highest
+        of the run log's (each start logs the attempt it runs as), the effect's,
+        and a row still in the table's; a job handed back unstarted must not
+        have spent one."""
+        starts = self._starts()
+        seen: dict[int, int] = {job_id: max(a for a, _, _ in rows) for job_id, rows in starts.items()}
+        for job_id, attempt in self.query("SELECT job_id, max(attempt) FROM chaos_effects GROUP BY job_id"):
+            seen[job_id] = max(seen.get(job_id, 0), int(attempt))
+        for job_id, attempts in self.query("SELECT id, attempts FROM chaos_jobs"):
+            if job_id not in self.expected_dead:
+                seen[job_id] = max(seen.get(job_id, 0), int(attempts))
+        return {job_id: (attempt, len(starts.get(job_id, ()))) for job_id, attempt in seen.items()
+                if attempt > len(starts.get(job_id, ()))}
+
+    def log_records(self, pattern: str | None = None) -> list[LogRecord]:
+        """The records of every worker's log (``worker-<n>.log``), oldest first
+        per log; with ``pattern`` (a regular expression), those whose text matches."""
+        found = re.compile(pattern) if pattern is not None else None
+        records: list[LogRecord] = []
+        for path in sorted(self.dir.glob("worker-*.log")):
+            current: LogRecord | None = None
+            for line in path.read_text(errors="replace").splitlines():
+                head = _RECORD.match(line)
+                if head is None:
+                    if current is not None:
+                        current.text += "\n" + line
+                    continue
+                if current is not None:
+                    records.append(current)
+                at = datetime.strptime(head.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                current = LogRecord(at, int(head.group(2)), head.group(3), head.group(4), head.group(5))
+            if current is not None:
+                records.append(current)
+        return [r for r in records if found is None or found.search(r.text)]
 
     def recent_start(self, within: float, want: Callable[[dict[str, Any]], bool]) -> tuple[int, int] | None:
         """(job id, worker PID) of a job matching ``want`` whose handler started
@@ -524,6 +630,10 @@ class Run:
                 if pid in self.frozen:
                     os.kill(pid, signal.SIGCONT)
                 proc.kill()
+                proc.communicate(timeout=30)
+        for proc in list(self.helpers.values()):
+            if proc.poll() is None:
+                proc.kill()  # Popen.kill: SIGKILL to this PID only
                 proc.communicate(timeout=30)
         for thread in self._threads:
             thread.join(timeout=30)

@@ -10,12 +10,16 @@ committed twice, plus its own checks. See docs/reliability.md.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 from bouncer import PgBouncer
 from chaosapp import HOLD_QUERY
@@ -276,3 +280,220 @@ def test_exactly_once_behind_pgbouncer_transaction_pooling(
             _drain(run, inject)
         finally:
             run.close()  # before PgBouncer stops
+
+
+# -- faults from outside the handler -------------------------------------------------------------
+
+# Deep enough for Python's json decoder to give up (RecursionError), shallow
+# enough for PostgreSQL's jsonb to accept (its limit comes from max_stack_depth:
+# about 14,000 levels of arrays with the default 2 MB).
+DEEP = max(5000, 4 * sys.getrecursionlimit())
+DEEP_JSON = {
+    "array": "CAST(repeat('[', %(depth)s) || repeat(']', %(depth)s) AS jsonb)",
+    "object": "CAST(repeat('{\"a\": ', %(depth)s) || '1' || repeat('}', %(depth)s) AS jsonb)",
+}
+UNDECODABLE = "payload cannot be decoded"
+
+
+def _log_problems(run: Run, pattern: str, what: str, *, since: float = 0.0) -> list[str]:
+    """A problem when a worker log has records matching ``pattern`` (after ``since``)."""
+    found = [r for r in run.log_records(pattern) if r.at > since]
+    if not found:
+        return []
+    first = found[0].text.splitlines()
+    return [f"{len(found)} worker log record(s) {what}, the first: {first[0][:200]!r}"
+            + (f" … {first[-1][:200]!r}" if len(first) > 1 else "")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rows_the_client_cannot_decode(make_run: MakeRun, mode: str) -> None:
+    """Another producer inserts, by SQL, jobs whose payload is JSON nested
+    past Python's decoder (DEEP levels of arrays or objects: PostgreSQL's jsonb
+    accepts it, json.loads raises RecursionError), two at each of 5%, 20%, 35%
+    and 50% of the drain: one at the head of the queue (run_at an hour ago),
+    so the next claim of 10 takes it with nine normal jobs, and one behind the
+    backlog. Workers claim in batches of 10 (batch_size) in both modes.
+    Expected: each such row goes dead at once (attempts 1, last_error
+    "payload cannot be decoded: RecursionError…"), its handler never starts;
+    every other job completes exactly once, at its first attempt: no claim
+    is left running until its lease expires (no reap, no "lease expired")."""
+    run = make_run("undecodable", mode, jobs=JOBS, worker_args=["--batch-size", "10"])
+    for sql in DEEP_JSON.values():
+        stored = run.query(f"SELECT CAST({sql} AS text)", {"depth": DEEP})[0][0]
+        with pytest.raises(RecursionError):
+            json.loads(stored)
+    backlog: list[int] = []
+
+    def inject(run: Run) -> None:
+        for n, fraction in enumerate((0.05, 0.2, 0.35, 0.5)):
+            if not run.wait_progress(fraction):
+                return
+            head, tail = DEEP_JSON["array" if n % 2 else "object"], DEEP_JSON["object" if n % 2 else "array"]
+            rows = run.query(
+                f"INSERT INTO chaos_jobs (task, payload, max_attempts, run_at) VALUES "
+                f"('effect', {head}, 25, now() - interval '1 hour'), ('effect', {tail}, 25, now()) RETURNING id",
+                {"depth": DEEP},
+            )
+            run.expect_dead([int(r[0]) for r in rows], f"{UNDECODABLE}: RecursionError")
+            run.extra_faults["undecodable rows"] += len(rows)
+            backlog.append(run.remaining())
+
+    def checks(run: Run) -> list[str]:
+        problems = []
+        bad = sorted(run.expected_dead)
+        if len(bad) != 8:
+            problems.append(f"{len(bad)} undecodable rows inserted instead of 8")
+        if not any(n > 10 for n in backlog):
+            problems.append(f"no undecodable row was inserted with a backlog of more than a batch: {backlog}")
+        attempts = dict(run.query("SELECT id, attempts FROM chaos_jobs WHERE id = ANY(%s)", (bad,)))
+        spent = {job_id: n for job_id, n in attempts.items() if n != 1}
+        if spent:
+            problems.append(f"undecodable rows with attempts other than 1 (reaped?): {spent}")
+        other_dead = run.query("SELECT id, last_error FROM chaos_jobs WHERE status = 'dead' AND NOT id = ANY(%s)",
+                               (bad,))
+        if other_dead:
+            problems.append(f"{len(other_dead)} other job(s) dead, e.g. {other_dead[0][0]}: {other_dead[0][1][:100]!r}")
+        expired = run.query("SELECT count(*) FROM chaos_jobs WHERE position('lease expired' in last_error) > 0")[0][0]
+        if expired:
+            problems.append(f"{expired} job(s) with a 'lease expired' error")
+        late = run.query("SELECT count(*), max(attempt) FROM chaos_effects WHERE attempt <> 1")[0]
+        if late[0]:
+            problems.append(f"{late[0]} effect(s) not at attempt 1 (up to attempt {late[1]})")
+        reruns = {job_id: len(rows) for job_id, rows in run._starts().items() if len(rows) > 1}
+        if reruns:
+            problems.append(f"{len(reruns)} job(s) whose handler started more than once: {sorted(reruns)[:10]}")
+        problems += _log_problems(run, r"reaped \d+ expired job", "of reaped jobs")
+        buried = " ".join(r.text for r in run.log_records(UNDECODABLE))
+        unlogged = [job_id for job_id in bad if not re.search(rf"\b{job_id} \(effect\) sent to dead: {UNDECODABLE}",
+                                                               buried)]
+        if unlogged:
+            problems.append(f"undecodable rows sent to dead without a log record: {unlogged}")
+        return problems
+
+    _drain(run, inject, checks)
+
+
+READ_ONLY = r"read-only transaction"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_read_only_period(make_run: MakeRun, mode: str) -> None:
+    """At 30% of the drain, ``ALTER DATABASE … SET default_transaction_read_only
+    = on`` and terminate every worker backend (job sessions and the worker's
+    own pool; not the listeners, not the feeder), so that the connections the
+    workers make next are read-only, as after a failover to a standby; 5 s
+    later, set it off and touch nothing else. The connections made during the
+    period stay read-only until they are dropped. Expected: the workers
+    discard a connection that reports a read-only transaction (SQLSTATE
+    25006) and recover by themselves: the drain finishes, and no worker logs
+    a read-only error more than 30 s after the period ended (a generous
+    bound, not a timing assertion: without the discard, the errors go on
+    until the drain times out). Workers log at INFO, so handler failures are
+    in their logs too."""
+    run = make_run("read_only", mode, jobs=JOBS, worker_args=["--log-level", "INFO"])
+    period = 5.0
+    grace = 30.0
+
+    def inject(run: Run) -> None:
+        if not run.wait_progress(0.3):
+            return
+        with psycopg.connect(run.server.url, autocommit=True, connect_timeout=10) as admin:
+            admin.execute(f'ALTER DATABASE "{run.database}" SET default_transaction_read_only = on')
+            at = time.time()
+            try:
+                killed = admin.execute(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = %s AND starts_with(application_name, 'chaos-worker-')", (run.database,),
+                ).fetchone()
+                run.pause(period)
+            finally:
+                admin.execute(f'ALTER DATABASE "{run.database}" RESET default_transaction_read_only')
+            run.faults.append(Fault("read-only period", at, time.time()))
+            run.notes.append(f"{killed[0] if killed else 0} worker backends terminated as the read-only period began")
+
+    def checks(run: Run) -> list[str]:
+        problems = []
+        if not run.faults:
+            return ["the read-only period never began"]
+        fault = run.faults[0]
+        errors = run.log_records(READ_ONLY)
+        during = [r for r in errors if r.at <= fault.end]
+        after = [r for r in errors if r.at > fault.end]
+        if not errors:
+            problems.append("no worker met a read-only transaction: the fault did not bite")
+        last = max((r.at for r in after), default=None)
+        run.notes.append(
+            f"read-only errors in the worker logs: {len(during)} during the {period:g} s period, {len(after)} after it"
+            + (f", the last {last - fault.end:.1f} s after it" if last is not None else ""))
+        problems += _log_problems(run, READ_ONLY, f"of a read-only transaction more than {grace:g} s after the "
+                                  "period ended", since=fault.end + grace)
+        return problems
+
+    _drain(run, inject, checks)
+
+
+# The worker's own statements (claims, heartbeats, reaps, hand-backs, failures, batched completions) failing.
+OWN_STATEMENT_FAILED = (r"claim failed|heartbeat failed|reap failed|recording the failure of job \d+ failed"
+                        r"|handing back \d+ jobs failed|completions could not be written|writing \d+ completions failed"
+                        r"|lost the lease of job")
+REAPED = r"reaped \d+ expired job"
+
+
+def _attempt_problems(run: Run) -> list[str]:
+    """No job spent more attempts than its handler started (a job handed back unstarted spends none)."""
+    beyond = run.attempts_beyond_runs()
+    if not beyond:
+        return []
+    sample = ", ".join(f"{job}: attempt {a} after {n} run(s)" for job, (a, n) in sorted(beyond.items())[:5])
+    return [f"{len(beyond)} job(s) spent more attempts than their handler ran ({sample})"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_handlers_that_leak_connections(make_run: MakeRun, mode: str) -> None:
+    """One job in 50 runs a handler that opens a Session of its own on the
+    application's engine, runs a query in it and keeps it open (a module-level
+    list), while it writes its effect in the job's session, and takes 1.5 s.
+    The application's engine has pool_size = concurrency = 4, max_overflow 0,
+    pool_timeout 1 s, so each leak takes one of the jobs' four connections for
+    good, and while a leaking handler runs with 3 leaked, its session holds the
+    last one; once a worker holds 3, the next leaking handler closes them all
+    instead (else the drain could never end). Expected: the worker's own statements
+    (claims, heartbeats, hand-backs, failures) never fail, since they use a
+    pool of their own; no lease expires; a job whose session cannot get a
+    connection is handed back without spending an attempt, and the worker
+    logs that the jobs' pool is exhausted and that the connections are held
+    elsewhere than by its running jobs."""
+    keep = 3
+
+    def payload(i: int, rng: random.Random) -> tuple[str, dict[str, Any]]:
+        if i % 50 == 25:
+            # Longer than pool_timeout: while it runs with 3 leaked, all 4 connections are taken.
+            return "effect", {"leak": keep, "sleep": 1.5}
+        return "effect", {"sleep": round(rng.uniform(0, 0.02), 4)}
+
+    run = make_run("leaky_handlers", mode, jobs=JOBS, payload=payload,
+                   worker_args=["--pool-size", "4", "--max-overflow", "0", "--pool-timeout", "1"])
+    run.extra_faults["leaking handlers"] = len(range(25, JOBS, 50))
+
+    def checks(run: Run) -> list[str]:
+        problems = _attempt_problems(run)
+        problems += _log_problems(run, OWN_STATEMENT_FAILED, "of a failed statement of the worker's own")
+        problems += _log_problems(run, REAPED, "of reaped jobs")
+        leaked = len(run.log_records(r"chaos leak: leaked"))
+        released = len(run.log_records(r"chaos leak: released"))
+        exhausted = run.log_records(r"the jobs' pool is exhausted")
+        slot_timeouts = run.log_records(r"job slot failed(.|\n)*QueuePool limit")
+        run.notes.append(f"{leaked} sessions leaked, {released} releases; {len(exhausted)} 'pool is exhausted' "
+                         f"records, {len(slot_timeouts)} 'job slot failed' records on a pool timeout")
+        if not leaked:
+            problems.append("no handler leaked a session")
+        if not exhausted:
+            problems.append("no worker logged that the jobs' pool is exhausted")
+        elif not all("held elsewhere" in r.text for r in exhausted):
+            problems.append(f"a 'pool is exhausted' record does not say where the connections are: "
+                            f"{exhausted[0].text[:300]!r}")
+        return problems
+
+    _drain(run, None, checks)
+    handed = sum(r.get("handed_back", 0) for r in run.results.values())
+    run.notes.append(f"{handed} job(s) handed back unstarted (WorkerResult.handed_back)")

@@ -1,0 +1,16 @@
+from flask import Blueprint, request
+
+from . import db, jobqueue
+from .models import User
+
+bp = Blueprint("views", __name__)
+
+
+@bp.post("/signup")
+def signup():
+    user = User(email=request.form["email"])
+    db.session.add(user)
+    db.session.flush()  # the user's id
+    job = jobqueue.enqueue("send_welcome", {"user_id": user.id}, queue="signup")
+    db.session.commit()  # the user and the job, together
+    return {"user_id": user.id, "job_id": job.id}, 201

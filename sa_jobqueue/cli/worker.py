@@ -1,0 +1,141 @@
+"""``sa-jobqueue worker MODULE:ATTR``: run a worker until SIGINT or SIGTERM.
+
+Also what ``flask jobs worker`` shares with it: ``--shutdown-timeout`` and the result line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+import logging
+from datetime import timedelta
+from typing import Any, Literal, cast
+
+import click
+from sqlalchemy import literal, select
+
+from ..errors import JobQueueError, WorkerStuckError
+from ..registry import TaskRegistry
+from ..worker import Worker, WorkerResult
+from .database import database_errors, make_engine
+from .errors import CliError, CliUsageError, OneLineCommand, first_line
+from .formatting import seconds
+from .state import cli_state, import_object, model_option, repository_for
+
+__all__ = ["DEFAULT_SHUTDOWN_TIMEOUT", "result_line", "shutdown_options", "shutdown_timeout_option", "worker_command"]
+
+log = logging.getLogger("sa_jobqueue.cli")
+
+DEFAULT_SHUTDOWN_TIMEOUT = "30"  # seconds
+
+# The options a worker factory must not be given (it configures its worker itself).
+WORKER_OPTIONS = {
+    "queues": "--queue", "concurrency": "--concurrency", "mode": "--mode", "listen": "--listen/--no-listen",
+    "batch_size": "--batch-size", "model_path": "--model", "name": "--name", "shutdown_timeout": "--shutdown-timeout",
+    "job_timeout": "--job-timeout",
+}
+
+shutdown_timeout_option = click.option(
+    "--shutdown-timeout", default=DEFAULT_SHUTDOWN_TIMEOUT, show_default=True, metavar="SECONDS", callback=seconds(),
+    help="How long SIGTERM waits for running jobs before the worker returns, leaving them to their lease; "
+         "a second SIGTERM/SIGINT stops at once.",
+)
+
+
+def shutdown_options(ctx: click.Context, timeout: float) -> dict[str, Any]:
+    """The :class:`Worker` keyword for ``--shutdown-timeout`` (``timeout`` seconds)."""
+    return {"shutdown_timeout": timedelta(seconds=timeout)}
+
+
+def result_line(result: WorkerResult) -> str:
+    """A worker's result as the one JSON line the worker commands print."""
+    return json.dumps(asdict(result))
+
+
+@click.command("worker", cls=OneLineCommand)
+@click.argument("import_path", metavar="MODULE:ATTR")
+@click.option("--queue", "queues", multiple=True, metavar="NAME", help="Queue to serve (repeatable, default: default).")
+@click.option("--concurrency", type=int, default=4, show_default=True, help="Jobs run at once (threads).")
+@click.option("--mode", type=click.Choice(["lease", "transaction"]), default="lease", show_default=True)
+@click.option("--listen/--no-listen", default=True, show_default=True, help="Wake on LISTEN/NOTIFY, not only polls.")
+@click.option("--batch-size", type=int, default=None, help="Jobs per claim.")
+@click.option("--name", default=None, help="Worker name stored in locked_by (default host:pid:random).")
+@shutdown_timeout_option
+@click.option("--job-timeout", default=None, metavar="SECONDS", callback=seconds(positive=True),
+              help="Deadline of the jobs whose task sets none (default: none).")
+@model_option
+@click.pass_context
+def worker_command(
+    ctx: click.Context, import_path: str, queues: tuple[str, ...], concurrency: int, mode: str, listen: bool,
+    batch_size: int | None, name: str | None, shutdown_timeout: float, job_timeout: float | None, model_path: str,
+) -> None:
+    """Run a worker until SIGINT or SIGTERM.
+
+    MODULE:ATTR names either a TaskRegistry, run with the options given here
+    on the database URL, or a zero-argument factory returning a configured
+    Worker (the factory builds its own engine; the worker options here are
+    then refused).
+    """
+    target = import_object(import_path, "IMPORT_PATH")
+    if isinstance(target, TaskRegistry):
+        _run_registry(ctx, target, queues=queues, concurrency=concurrency, mode=mode, listen=listen,
+                      batch_size=batch_size, name=name, shutdown_timeout=shutdown_timeout, job_timeout=job_timeout,
+                      model_path=model_path)
+    elif callable(target) and not isinstance(target, type):
+        given = [
+            flag for param, flag in WORKER_OPTIONS.items()
+            if ctx.get_parameter_source(param) is not click.core.ParameterSource.DEFAULT
+        ]
+        if given:
+            raise CliUsageError(
+                f"{import_path} is a worker factory: it configures the worker itself, so "
+                f"{', '.join(given)} cannot be given"
+            )
+        try:
+            built = target()
+        except Exception as exc:  # the factory is user code: report it in one line
+            raise CliError(f"{import_path}() failed: {type(exc).__name__}: {first_line(exc)}") from None
+        if not isinstance(built, Worker):
+            raise CliUsageError(f"{import_path}() returned {type(built).__name__}, not a Worker")
+        _run(built)
+    else:
+        raise CliUsageError(
+            f"IMPORT_PATH: {import_path} is a {type(target).__name__}; name a TaskRegistry "
+            "or a zero-argument function returning a Worker"
+        )
+
+
+def _run_registry(
+    ctx: click.Context, registry: TaskRegistry, *, queues: tuple[str, ...], concurrency: int, mode: str,
+    listen: bool, batch_size: int | None, name: str | None, shutdown_timeout: float, job_timeout: float | None,
+    model_path: str,
+) -> None:
+    repository = repository_for(ctx, model_path)
+    if concurrency < 1:
+        raise CliUsageError(f"--concurrency: must be 1 or more, got {concurrency}")
+    # A connection per slot, plus the control, claim and listener ones.
+    engine = make_engine(cli_state(ctx).database_url, pool_size=concurrency + 4, max_overflow=4)
+    try:
+        with database_errors(engine, repository.table.name):
+            with engine.connect() as conn:  # fail fast, in one line, when the server is unreachable
+                conn.execute(select(literal(1)).select_from(repository.table).limit(1)).all()
+            try:
+                built = Worker(
+                    engine, repository, registry, queues=list(queues) or "default", concurrency=concurrency,
+                    mode=cast(Literal["lease", "transaction"], mode), listen=listen, batch_size=batch_size,
+                    name=name, job_timeout=job_timeout, **shutdown_options(ctx, shutdown_timeout),
+                )
+            except JobQueueError as exc:
+                raise CliUsageError(str(exc)) from None
+            _run(built)
+    finally:
+        engine.dispose()
+
+
+def _run(built: Worker) -> None:
+    log.info("worker %s serving %s in %s mode", built.name, ", ".join(built.queues), built.mode)
+    try:
+        result = built.run()
+    except WorkerStuckError as exc:  # exit non-zero, so that the supervisor starts a fresh process
+        raise CliError(str(exc)) from None
+    click.echo(result_line(result))

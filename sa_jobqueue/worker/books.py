@@ -1,0 +1,102 @@
+"""Books: what a worker holds and what it did, shared by its threads.
+
+* ``result``: the jobs completed, retried, sent to dead, cancelled, lost
+  and handed back, counted only once the transaction that records each
+  outcome has committed, so a result never reports work that was rolled
+  back.
+* The held jobs (lease mode): each claimed job from its claim until its
+  finishing statement, with when it started, its deadline, the backend
+  running its session and whether a cancel was asked for. The heartbeat
+  extends the leases of these jobs; a job leaves before its finishing
+  statement is sent, so a heartbeat never mistakes a job completed a moment
+  ago for a lost one.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class WorkerResult:
+    """What a worker did: jobs completed, retried, sent to dead, cancelled
+    while running, lost (finished too late: the lease had expired and the job
+    was reaped), and handed back unstarted (at shutdown, or when the job's
+    session could not connect; their attempt was not counted)."""
+
+    completed: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0
+    cancelled: int = 0
+    handed_back: int = 0
+
+
+OUTCOMES = frozenset(f.name for f in fields(WorkerResult))
+
+
+@dataclass
+class Held:
+    """A claimed job the worker holds (lease mode)."""
+
+    repo: Any
+    job: Any
+    started: float | None = None  # monotonic, once its handler started
+    deadline: float | None = None  # monotonic, once started, when the task has a timeout
+    backend_pid: int | None = None  # of the job's session, read in the thread that owns it
+    cancel_requested: bool = False
+    timed_out: bool = False  # the deadline passed: the failure is recorded, the late return fenced
+    thread: int | None = None  # the slot thread running it, once started
+    finished: bool = False  # its slot thread is done with it
+    # Held by the slot thread while it ends the job's session, and by the
+    # watch while it cancels the session's statement: the backend is the
+    # job's for as long as the lock is held.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+
+class Books:
+    """Thread-safe counts and held jobs of one worker."""
+
+    def __init__(self) -> None:
+        self.result = WorkerResult()
+        self._lock = threading.Lock()
+        self._held: dict[Any, Held] = {}  # by lock token
+
+    def count(self, outcome: str, n: int = 1) -> None:
+        """Count ``n`` jobs of ``outcome`` (a :class:`WorkerResult` field; a
+        failure's new status 'pending' counts as retried)."""
+        name = "retried" if outcome == "pending" else outcome
+        if name not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}")
+        with self._lock:
+            setattr(self.result, name, getattr(self.result, name) + n)
+
+    def hold(self, repo: Any, job: Any) -> Held:
+        held = Held(repo, job)
+        with self._lock:
+            self._held[job.lock_token] = held
+        return held
+
+    def release(self, job: Any) -> Held | None:
+        """Stop extending ``job``'s lease: its finishing statement follows."""
+        with self._lock:
+            return self._held.pop(job.lock_token, None)
+
+    def get(self, job: Any) -> Held | None:
+        with self._lock:
+            return self._held.get(job.lock_token)
+
+    def holds(self, job: Any) -> bool:
+        with self._lock:
+            return job.lock_token in self._held
+
+    def held(self) -> list[Held]:
+        """A snapshot of the held jobs."""
+        with self._lock:
+            return list(self._held.values())
+
+    def by_id(self, job_id: int) -> Held | None:
+        with self._lock:
+            return next((h for h in self._held.values() if h.job.id == job_id), None)

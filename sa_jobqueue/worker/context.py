@@ -1,0 +1,87 @@
+"""WorkerContext: what the pieces of a worker share, passed to each explicitly.
+
+The modes, the executor and the maintenance duties get this object instead
+of the worker itself, so none of them reaches into another's private state.
+It holds no thread and starts nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..registry import TaskRegistry
+from .books import Books
+from .completer import Completer
+from .options import WorkerOptions
+from .pace import Pacer
+
+READ_COMMITTED = {"isolation_level": "READ COMMITTED"}
+
+
+class Control:
+    """Transactions for the worker's own one-statement writes: autocommit on
+    the worker's own engine when it has one, else a READ COMMITTED
+    transaction of the app's sessionmaker (binds per table)."""
+
+    def __init__(self, own: sessionmaker[Session] | None, sessions: sessionmaker[Session]) -> None:
+        self.own = own
+        self.sessions = sessions
+
+    @contextmanager
+    def __call__(self) -> Iterator[Session]:
+        with (self.own or self.sessions)() as session, session.begin():
+            if self.own is None:
+                session.connection(execution_options=READ_COMMITTED)
+            yield session
+
+
+@dataclass
+class WorkerContext:
+    """One worker's shared parts. ``sessions`` makes the jobs' sessions (the
+    application's); ``control`` the worker's own transactions, for its
+    one-statement writes (claims, heartbeats, reaps, batched completions,
+    failures recorded from outside a job's session)."""
+
+    options: WorkerOptions
+    name: str
+    tasks: TaskRegistry
+    repositories: list[Any]
+    sessions: sessionmaker[Session]
+    control: Control
+    books: Books
+    completer: Completer
+    pacer: Pacer
+    sender: Any  # the sender of signals: the Worker
+    stopping: threading.Event = field(default_factory=threading.Event)
+    wake: threading.Event = field(default_factory=threading.Event)
+    sessions_open: int = 0  # job sessions this worker holds right now
+    _turn: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def autocommit_control(self) -> bool:
+        """Whether the worker's own statements run on its own autocommit engine."""
+        return self.control.own is not None
+
+    def rotation(self) -> list[Any]:
+        """The repositories, starting one further each call, so that a busy
+        first table cannot starve the others."""
+        with self._lock:
+            self._turn = (self._turn + 1) % len(self.repositories)
+            turn = self._turn
+        return self.repositories[turn:] + self.repositories[:turn]
+
+    def session_opened(self, delta: int) -> None:
+        with self._lock:
+            self.sessions_open += delta
+
+    def back_off(self) -> None:
+        """Something failed that the next claim would meet again: wait a poll interval."""
+        self.pacer.back_off(time.monotonic())

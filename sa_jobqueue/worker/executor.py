@@ -1,0 +1,232 @@
+"""The executor: one claimed job, from its handler to its outcome (lease mode).
+
+The steps, in order:
+
+1. The job's session connects (READ COMMITTED, whatever the engine's
+   default). If it cannot (the pool is exhausted, the server refuses), the
+   handler never started: the job is handed back without spending its
+   attempt, and the worker waits a poll interval before claiming again.
+2. The handler runs; its return value must not be an awaitable.
+3. Its pending writes are flushed (their errors are the handler's failure),
+   and the fenced completion joins them: both commit, or neither does. A
+   handler without a session has nothing to commit: its completion goes to
+   the :class:`~sa_jobqueue.worker.completer.Completer`.
+4. Otherwise the outcome is one of: a failure, recorded in a transaction of
+   its own (:mod:`~sa_jobqueue.worker.failures`); a cancel asked for while it
+   ran (the job ends ``cancelled``, its writes rolled back); a deadline that
+   passed (the watch already recorded the failure: the late return commits
+   nothing); a lost lease (the fence refused the completion).
+
+A connection that failed in a way that makes it unusable (a read-only
+transaction after a failover, an admin shutdown, a lost connection) is
+discarded, not returned to the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
+
+from .. import signals
+from ..connections import is_fatal_to_connection
+from ..errors import JobLostError
+from ..logs import job_context
+from .books import Held
+from .context import READ_COMMITTED, WorkerContext
+from .failures import Failure, failure_of, record_failure, refuse_awaitable
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+
+class JobExecutor:
+    """Runs claimed jobs of one worker; called from its slot threads."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+
+    def run(self, held: Held) -> bool:
+        """Run one held job to its outcome; True (the slot found work)."""
+        job = held.job
+        try:
+            with job_context(job):
+                if held.cancel_requested:
+                    self.finish_cancelled(held)  # asked for before it started
+                else:
+                    self._run(held)
+        finally:
+            with held.lock:
+                held.finished = True
+        return True
+
+    def _run(self, held: Held) -> None:
+        ctx, repo, job = self.ctx, held.repo, held.job
+        task = ctx.tasks.get(job.task)
+        if task is None:
+            log.error("worker %s: job %s has unknown task %r", ctx.name, job.id, job.task)
+            self.record(held, failure_of(job, None, None, ctx.tasks), None, 0.0)
+            return
+        if task.completes_in_batch:
+            self._start(held, task)
+            try:
+                refuse_awaitable(task(job, None))
+            except BaseException as exc:  # SystemExit from a handler is a failure too
+                self._after_failure(held, task, exc)
+                return
+            if not self._fenced_late(held):
+                ctx.completer.add(repo, job, time.monotonic() - (held.started or 0.0))
+            return
+        ctx.session_opened(1)
+        try:
+            with ctx.sessions() as session:
+                try:
+                    self._run_in_session(held, task, session)
+                finally:
+                    with held.lock:  # before the session's connection goes back to the pool
+                        held.finished = True
+        finally:
+            ctx.session_opened(-1)
+
+    def _run_in_session(self, held: Held, task: Any, session: Session) -> None:
+        ctx, repo, job = self.ctx, held.repo, held.job
+        try:
+            session.begin()
+            connection = session.connection(execution_options=READ_COMMITTED)
+            held.backend_pid = backend_pid(connection)
+        except Exception as exc:
+            self._hand_back_unstarted(held, exc)
+            return
+        self._start(held, task)
+        try:
+            refuse_awaitable(task(job, session))
+            # The handler's pending writes go first, so that their errors
+            # count as the handler's failure.
+            session.flush()
+            if self._fenced_late(held):
+                session.rollback()
+                return
+            ctx.books.release(job)
+            repo.complete(session, job)
+            session.commit()
+        except JobLostError as lost:
+            session.rollback()
+            log.warning("worker %s: %s; the handler's writes were rolled back", ctx.name, lost)
+            ctx.books.count("lost")
+            return
+        except BaseException as exc:
+            if is_fatal_to_connection(exc):
+                connection.invalidate()  # never hand this connection to the next job
+            session.rollback()
+            self._after_failure(held, task, exc)
+            return
+        ctx.books.count("completed")
+        signals.send(signals.job_succeeded, ctx.sender, job=job, duration=time.monotonic() - (held.started or 0.0))
+
+    # -- steps ---------------------------------------------------------------
+
+    def _start(self, held: Held, task: Any) -> None:
+        now = time.monotonic()
+        held.started = now
+        held.thread = threading.get_ident()
+        timeout = task.timeout or self.ctx.options.job_timeout
+        if timeout is not None:
+            held.deadline = now + timeout.total_seconds()
+        signals.send(signals.job_started, self.ctx.sender, job=held.job)
+
+    def _fenced_late(self, held: Held) -> bool:
+        """The handler returned: True when its outcome was already settled
+        elsewhere (a deadline that passed), or a cancel was asked for (the
+        job ends cancelled here). Either way nothing of it commits."""
+        if held.timed_out:
+            log.warning("worker %s: job %s returned after its deadline; nothing of it commits",
+                        self.ctx.name, held.job.id)
+            return True
+        if held.cancel_requested:
+            self.finish_cancelled(held)
+            return True
+        return False
+
+    def _after_failure(self, held: Held, task: Any, exc: BaseException) -> None:
+        if self._fenced_late(held):
+            return
+        log.info("worker %s: job %s (%s) failed: %r", self.ctx.name, held.job.id, held.job.task, exc)
+        self.record(held, failure_of(held.job, task, exc), exc, time.monotonic() - (held.started or 0.0))
+
+    def record(self, held: Held, failure: Failure, exc: BaseException | None, duration: float) -> None:
+        """Record a failed attempt in a transaction of its own; count and signal it."""
+        ctx = self.ctx
+        ctx.books.release(held.job)
+        try:
+            with ctx.control() as session:
+                outcome = record_failure(session, held.repo, held.job, failure)
+        except JobLostError as lost:
+            log.warning("worker %s: %s", ctx.name, lost)
+            ctx.books.count("lost")
+            return
+        except Exception:
+            log.exception("worker %s: recording the failure of job %s failed; its lease will expire and the "
+                          "reaper counts the attempt", ctx.name, held.job.id)
+            return
+        ctx.books.count(outcome)
+        signals.send_failure(ctx.sender, held.job, exc, outcome, duration)
+
+    def finish_cancelled(self, held: Held) -> None:
+        """End a running job whose cancel was asked for: ``cancelled``, fenced."""
+        ctx = self.ctx
+        ctx.books.release(held.job)
+        try:
+            with ctx.control() as session:
+                held.repo.mark_cancelled(session, held.job)
+        except JobLostError as lost:
+            log.warning("worker %s: %s", ctx.name, lost)
+            ctx.books.count("lost")
+            return
+        except Exception:
+            log.exception("worker %s: cancelling job %s failed; its lease will expire", ctx.name, held.job.id)
+            return
+        log.info("worker %s: job %s (%s) cancelled while running", ctx.name, held.job.id, held.job.task)
+        ctx.books.count("cancelled")
+        signals.send(signals.job_cancelled, ctx.sender, job=held.job)
+
+    def _hand_back_unstarted(self, held: Held, exc: Exception) -> None:
+        ctx, job = self.ctx, held.job
+        if isinstance(exc, sa_exc.TimeoutError):
+            pool = getattr(ctx.sessions.kw.get("bind"), "pool", None)
+            log.error(
+                "worker %s: job %s could not get a connection: the jobs' pool is exhausted (%s); this worker's "
+                "running jobs hold %s of them, so the others are held elsewhere (a handler that keeps a session "
+                "open leaks one per job). The job is handed back unstarted.",
+                ctx.name, job.id, pool.status() if pool is not None else "unknown pool", ctx.sessions_open - 1,
+            )
+        else:
+            log.error("worker %s: job %s could not connect (%r); it is handed back unstarted", ctx.name, job.id, exc)
+        ctx.back_off()
+        hand_back(ctx, [held])
+
+
+def hand_back(ctx: WorkerContext, held: list[Held]) -> int:
+    """Give unstarted jobs back (pending, attempt not counted); return how many were."""
+    total = 0
+    for repo in {id(h.repo): h.repo for h in held}.values():
+        jobs = [h.job for h in held if h.repo is repo]
+        for job in jobs:
+            ctx.books.release(job)
+        try:
+            with ctx.control() as session:
+                total += len(repo.hand_back(session, jobs))
+        except Exception:
+            log.exception("worker %s: handing back %s jobs failed; they run again once their lease expires",
+                          ctx.name, len(jobs))
+    ctx.books.count("handed_back", total)
+    return total
+
+
+def backend_pid(connection: Any) -> int | None:
+    """The server process of a job's connection (psycopg), read in the thread that owns it."""
+    info = getattr(connection.connection.dbapi_connection, "info", None)
+    pid = getattr(info, "backend_pid", None)
+    return pid if isinstance(pid, int) else None

@@ -1,0 +1,206 @@
+"""Lease mode: claims commit at once; each job then runs in its own transaction.
+
+Claims run in claimer threads (up to CLAIMERS at once, so that the server
+works on the next batch while this one runs) on the worker's own
+autocommit connections; the claimed jobs are held (their leases extended
+by the heartbeat) and queued for the slot threads, where the
+:class:`~sa_jobqueue.worker.executor.JobExecutor` runs each.
+
+This module also owns what happens to a held job from outside its thread:
+
+* a deadline that passes: stop extending the lease, cancel the job's
+  statement on the server, record the failure ("timed out after N s"); a
+  slot still stuck in the handler after a grace is given up on and
+  replaced, and past ``max_stuck_slots`` the worker stops with
+  :class:`~sa_jobqueue.WorkerStuckError` so that its supervisor restarts it;
+* a cancel asked for from another process (learned at the heartbeat or at
+  once through NOTIFY): the job is told (``job.cancel_requested_at``) and
+  ends ``cancelled`` when its handler returns, or at its deadline;
+* a graceful stop: the jobs claimed but not started are handed back at
+  once, fenced, without spending their attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+
+from sqlalchemy import func, select
+
+from .. import signals
+from ..errors import JobLostError
+from .books import Held
+from .context import WorkerContext
+from .deadlines import check_stuck, grace
+from .executor import JobExecutor, hand_back
+from .failures import record_failure, timeout_failure
+from .options import CLAIMERS
+from .slots import Slots
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+class LeaseMode:
+    """The lease-mode strategy of a worker's loop."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.executor = JobExecutor(ctx)
+        self.slots = Slots(ctx.options.concurrency, name="sa_jobqueue", on_done=self._slot_done)
+        self.claimers = Slots(CLAIMERS, name="sa_jobqueue-claim", on_done=lambda _: ctx.wake.set())
+        self._overdue: list[Held] = []  # timed out, their handler not returned yet
+
+    # -- the loop's step -----------------------------------------------------
+
+    def step(self, now: float, *, listening: bool, until_empty: bool) -> bool:
+        """Take results, send the claims the pacer asks for; True when drained (until_empty)."""
+        pacer = self.ctx.pacer
+        # Claimers first: a claim that ends after its snapshot counts as in
+        # flight, and one that ended before has handed its jobs to the slots,
+        # whose snapshot comes next.
+        hits, misses, claiming = self.claimers.take_results()
+        ran, _, held = self.slots.take_results()
+        pacer.results(now, hits=hits, misses=misses, claiming=claiming, ran=ran, listening=listening)
+        for ask in pacer.claims(now, held=held, claiming=claiming):
+            pacer.claim_sent(ask)
+            self.claimers.submit(self._claim_into, ask)
+        busy = bool(held or claiming or len(self.claimers) or len(self.ctx.completer))
+        return until_empty and pacer.drained(busy=busy)
+
+    def sleep(self, now: float, deadline: float) -> float:
+        due = [h.deadline for h in self.ctx.books.held() if h.deadline is not None]
+        due += [h.deadline + grace(h) for h in self._overdue if h.deadline is not None]
+        return self.ctx.pacer.sleep(now, busy=False, deadline=min([deadline, *due]))
+
+    def _slot_done(self, active: int) -> None:
+        """A slot finished a job: wake the loop when it may claim again."""
+        if self.ctx.pacer.wants_claim(active + self.ctx.pacer.reserved):
+            self.ctx.wake.set()
+
+    def _claim_into(self, ask: int) -> bool:
+        """A claimer thread: claim up to ``ask`` jobs and queue them for the slots."""
+        ctx, got = self.ctx, 0
+        try:
+            for repo in ctx.rotation():
+                if got >= ask:
+                    break
+                with ctx.control() as session:
+                    jobs = repo.claim(session, queues=ctx.options.queues, limit=ask - got, worker=ctx.name,
+                                      lease=ctx.options.lease)
+                got += len(jobs)  # committed: ours now
+                for job in jobs:
+                    self.slots.submit(self.executor.run, ctx.books.hold(repo, job))
+        except Exception:
+            log.exception("worker %s: claim failed; retrying after a pause", ctx.name)
+            ctx.back_off()
+        finally:
+            ctx.pacer.claim_ended(ask, got)
+        return got > 0
+
+    # -- duties on held jobs ---------------------------------------------------
+
+    def heartbeat(self) -> None:
+        """Extend the leases of the held jobs; learn of lost leases and cancel requests."""
+        ctx = self.ctx
+        held = ctx.books.held()
+        for repo in ctx.repositories:
+            mine = [h for h in held if h.repo is repo]
+            if not mine:
+                continue
+            try:
+                with ctx.control() as session:
+                    report = repo.extend_leases(session, [h.job for h in mine], lease=ctx.options.lease)
+            except Exception:
+                log.exception("worker %s: heartbeat failed", ctx.name)
+                continue
+            for h in mine:
+                if h.job.id not in report.owned and ctx.books.holds(h.job):
+                    log.warning("worker %s: lost the lease of job %s (%s); its completion will be refused",
+                                ctx.name, h.job.id, h.job.task)
+                elif h.job.id in report.cancel_requested:
+                    self.cancel(h)
+
+    def cancel_notified(self, job_id: int) -> None:
+        held = self.ctx.books.by_id(job_id)
+        if held is not None:
+            self.cancel(held)
+
+    def cancel(self, held: Held) -> None:
+        """A cancel was asked for ``held``: tell the job; it ends cancelled when its handler returns."""
+        if held.cancel_requested:
+            return
+        held.cancel_requested = True
+        try:
+            held.job.cancel_requested_at = datetime.now(timezone.utc)
+        except AttributeError:  # pragma: no cover - a snapshot without the column
+            pass
+        log.info("worker %s: job %s (%s): cancel requested", self.ctx.name, held.job.id, held.job.task)
+
+    def watch(self, now: float) -> None:
+        """Time out held jobs past their deadline; give up on slots stuck past the grace."""
+        for held in self.ctx.books.held():
+            if held.deadline is not None and now >= held.deadline and not held.finished:
+                self._time_out(held)
+        for held in list(self._overdue):
+            if held.finished:
+                self._overdue.remove(held)
+            elif held.deadline is not None and now >= held.deadline + grace(held) and held.thread is not None:
+                self._overdue.remove(held)
+                if self.slots.abandon(held.thread):
+                    log.error("worker %s: job %s (%s) is still running %g s past its deadline; its thread is "
+                              "given up on and replaced (%s stuck so far)", self.ctx.name, held.job.id,
+                              held.job.task, grace(held), self.slots.stuck)
+        check_stuck(self.ctx, self.slots)
+
+    def _time_out(self, held: Held) -> None:
+        ctx, job = self.ctx, held.job
+        with held.lock:
+            if held.finished:
+                return
+            held.timed_out = True
+            ctx.books.release(job)  # no more heartbeats: the lease runs out even if all else fails
+            if held.backend_pid is not None:
+                try:
+                    with ctx.control() as session:
+                        session.execute(select(func.pg_cancel_backend(held.backend_pid)))
+                except Exception:
+                    log.exception("worker %s: cancelling the statement of job %s failed", ctx.name, job.id)
+        self._overdue.append(held)
+        if held.cancel_requested:
+            self.executor.finish_cancelled(held)
+            return
+        task = ctx.tasks.get(job.task)
+        assert task is not None and held.started is not None and held.deadline is not None
+        seconds = held.deadline - held.started
+        log.error("worker %s: job %s (%s) timed out after %g s", ctx.name, job.id, job.task, seconds)
+        try:
+            with ctx.control() as session:
+                outcome = record_failure(session, held.repo, job, timeout_failure(task, seconds))
+        except JobLostError:
+            return  # it finished (or was reaped) meanwhile
+        except Exception:
+            log.exception("worker %s: recording the timeout of job %s failed; its lease will expire",
+                          ctx.name, job.id)
+            return
+        ctx.books.count(outcome)
+        signals.send_failure(ctx.sender, job, None, outcome, seconds)
+
+    # -- stopping ----------------------------------------------------------------
+
+    def stop_claiming(self, until: float) -> None:
+        """Wait for the claims in flight, then hand back the jobs not started."""
+        self.claimers.wait_idle(max(0.0, until - time.monotonic()))
+        unstarted = [args[0] for args in self.slots.take_unstarted()]
+        if unstarted:
+            count = hand_back(self.ctx, unstarted)
+            log.info("worker %s: handed back %s claimed job(s) not started: %s", self.ctx.name, count,
+                     ", ".join(str(h.job.id) for h in unstarted))
+
+    def describe_running(self) -> str:
+        running = [h for h in self.ctx.books.held() if h.started is not None and not h.finished]
+        return (f"{len(running)} job(s) still running, left to their lease: "
+                + ", ".join(f"{h.job.id} ({h.job.task})" for h in running))
+
+    def close(self, *, wait: bool) -> None:
+        self.claimers.close(wait=wait)
+        self.slots.close(wait=wait)

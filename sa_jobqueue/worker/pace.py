@@ -1,0 +1,155 @@
+"""Pacer: the worker loop's decisions, as a plain object.
+
+Claim now? How many? Sleep how long? Done? The driver tells the pacer what
+happened (a claim came back with so many jobs, jobs finished, a
+notification arrived) and asks it what to do next, passing the time in
+(monotonic seconds) and the counts it sees. The pacer does no I/O, starts
+no thread and reads no clock, so a unit test drives it step by step.
+
+The rules, shared by both modes:
+
+* A claim or probe that finds work keeps the worker busy: claim again as
+  capacity frees up. A short batch is not an empty queue (READ COMMITTED
+  drops rows another claimer took), only an empty one is.
+* An empty claim makes the worker idle: it waits ``idle_wait`` before the
+  next probe, growing from 50 ms to ``poll_interval`` with ±25% jitter
+  while no listener is connected, so that many idle workers do not poll in
+  step; with a listener, enqueues wake it and the wait is about
+  ``poll_interval`` (it only catches scheduled jobs and retries).
+* A notification, or a job that finished (it may have made work runnable:
+  a retry due now, a job its handler enqueued), ends the idle wait.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .options import CLAIMERS, WorkerOptions
+
+Jitter = Callable[[float, float], float]
+
+
+@dataclass
+class Pacer:
+    """What the loop does next; see the module docstring for the rules."""
+
+    capacity: int
+    concurrency: int
+    batch_size: int | None
+    poll_interval: float
+    claimers: int = CLAIMERS
+    jitter: Jitter = random.uniform
+    found: bool = True  # did the latest claim find work?
+    idle_wait: float = 0.0
+    next_probe: float = 0.0  # while idle: when to probe again (unless woken)
+    last_claim_full: bool = True
+    reserved: int = 0  # jobs asked for by claims in flight (lease mode)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, options: WorkerOptions, jitter: Jitter = random.uniform) -> Pacer:
+        return cls(
+            capacity=options.capacity, concurrency=options.concurrency, batch_size=options.batch_size,
+            poll_interval=options.poll_interval, claimers=CLAIMERS if options.mode == "lease" else 0,
+            jitter=jitter,
+        )
+
+    # -- what happened -------------------------------------------------------
+
+    def results(self, now: float, *, hits: int, misses: int, claiming: int, ran: int, listening: bool) -> None:
+        """Claims (or probes) that came back with work (``hits``) or empty
+        (``misses``) since the last call, ``claiming`` still in flight, and
+        ``ran`` calls that ran jobs."""
+        if hits:
+            self.found, self.idle_wait = True, 0.0
+        elif misses and not claiming:
+            self.go_idle(now, listening)
+        if ran and not self.found:
+            self.found = True
+
+    def go_idle(self, now: float, listening: bool) -> None:
+        """Nothing was claimable: wait before the next probe."""
+        self.found = False
+        self.idle_wait = self._next_idle_wait(self.idle_wait, listening)
+        self.next_probe = now + self.idle_wait
+
+    def notified(self) -> None:
+        """A job was enqueued on a queue the worker serves."""
+        self.found = True
+
+    def back_off(self, now: float) -> None:
+        """A claim failed, or a job's session could not connect: wait a poll interval."""
+        self.found = False
+        self.next_probe = now + self.poll_interval
+
+    def claim_sent(self, ask: int) -> None:
+        with self._lock:
+            self.reserved += ask
+
+    def claim_ended(self, asked: int, got: int) -> None:
+        """Called from the claiming thread once the claimed jobs are handed to the slots."""
+        with self._lock:
+            self.reserved -= asked
+            self.last_claim_full = got == asked
+
+    # -- what to do ----------------------------------------------------------
+
+    def wants_claim(self, inflight: int) -> bool:
+        """Lease mode: claim while a thread is idle, or once a whole batch fits.
+
+        Topping up one job per completion would turn each claim of 100 into
+        100 claims of 1. ``inflight`` counts jobs held, claims in flight included.
+        """
+        free = self.capacity - inflight
+        return free > 0 and (inflight < self.concurrency or free >= (self.batch_size or 1))
+
+    def claims(self, now: float, *, held: int, claiming: int) -> list[int]:
+        """Lease mode: the sizes of the claims to send now (``held``: jobs the
+        slots hold; ``claiming``: claims in flight). Call :meth:`claim_sent`
+        for each one sent."""
+        asks: list[int] = []
+        may_claim = self.found or (not claiming and now >= self.next_probe)
+        # Two claims at once only while claims come back full: after a short
+        # one the queue is about empty, and one probe will do.
+        parallel = self.claimers if self.last_claim_full else 1
+        reserved = self.reserved
+        while may_claim and claiming + len(asks) < parallel and self.wants_claim(held + reserved):
+            ask = min(self.capacity - held - reserved, self.batch_size or (self.capacity - held))
+            asks.append(ask)
+            reserved += ask
+            may_claim = self.found  # while idle, one probe at a time
+        return asks
+
+    def probes(self, now: float, *, free: int) -> int:
+        """Transaction mode: how many slots should claim a batch now."""
+        if self.found:
+            return free
+        if free > 0 and now >= self.next_probe:
+            # While idle, one probe per idle wait, whatever the other slots do:
+            # a long batch must not keep jobs that became runnable without a
+            # NOTIFY (retries, scheduled jobs, rows a dead transaction released)
+            # waiting for it to end.
+            self.next_probe = now + (self.idle_wait or self.poll_interval)
+            return 1
+        return 0
+
+    def drained(self, *, busy: bool) -> bool:
+        """until_empty: the last claim found nothing and nothing runs (``busy``:
+        jobs, claims or completions still in flight)."""
+        return not self.found and not busy
+
+    def sleep(self, now: float, *, busy: bool, deadline: float) -> float:
+        """How long the loop may sleep (a wake-up ends it sooner): until the
+        next probe while idle, else a poll interval; never past ``deadline``
+        (the next heartbeat, reap, periodic pass or flush)."""
+        wait = self.poll_interval if self.found or busy else self.next_probe - now
+        return max(0.0, min(wait, deadline - now, self.poll_interval))
+
+    def _next_idle_wait(self, previous: float, listening: bool) -> float:
+        if listening:
+            return self.poll_interval * self.jitter(0.8, 1.0)
+        base = min(self.poll_interval, max(0.05, previous * 2))
+        return base * self.jitter(0.75, 1.25)

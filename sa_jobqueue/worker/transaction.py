@@ -1,0 +1,213 @@
+"""Transaction mode: a batch is claimed, run and finished in one transaction.
+
+Each slot claims a batch in a transaction that holds the row locks, runs
+each job in its own SAVEPOINT (a failure rolls back only its job, and is
+recorded in a SAVEPOINT of its own, so that even a failure that cannot be
+recorded as asked leaves the batch usable), completes the succeeded jobs
+in one statement and commits once. A crash rolls everything back: the rows
+are simply pending again.
+
+At a graceful stop, a batch runs no further job: the jobs it claimed but
+did not start are handed back in its transaction (their attempt not
+counted), and it commits what ran.
+
+Deadlines: past a job's deadline the worker cancels the batch's statement on
+the server, and the job's SAVEPOINT is rolled back and its failure recorded
+as "timed out after N s" whatever the handler returns. A handler that still
+has not returned a grace later (a hang in Python) holds the batch's
+transaction: its thread is given up on and replaced, and the batch's
+connection is terminated, which rolls the batch back (its jobs are pending
+again, their attempts not counted, as after any crash in this mode).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from .. import signals
+from ..logs import job_context
+from .books import Held
+from .context import READ_COMMITTED, WorkerContext
+from .deadlines import check_stuck, grace
+from .executor import backend_pid
+from .failures import failure_of, record_failure, refuse_awaitable, timeout_failure
+from .slots import Slots
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+
+class TransactionMode:
+    """The transaction-mode strategy of a worker's loop."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.slots = Slots(ctx.options.concurrency, name="sa_jobqueue", on_done=lambda _: ctx.wake.set())
+        self._running: dict[int, Held] = {}  # the job each slot thread runs, by thread
+        self._lock = threading.Lock()
+
+    # -- the loop's step -----------------------------------------------------
+
+    def step(self, now: float, *, listening: bool, until_empty: bool) -> bool:
+        """Take results, start the probes the pacer asks for; True when drained (until_empty)."""
+        pacer = self.ctx.pacer
+        ran, empty, inflight = self.slots.take_results()
+        pacer.results(now, hits=ran, misses=empty, claiming=0, ran=ran, listening=listening)
+        if until_empty and pacer.drained(busy=bool(inflight or len(self.ctx.completer))):
+            return True
+        for _ in range(pacer.probes(now, free=self.ctx.options.concurrency - inflight)):
+            self.slots.submit(self.run_batch)
+        return False
+
+    def sleep(self, now: float, deadline: float) -> float:
+        with self._lock:
+            due = [h.deadline + (grace(h) if h.timed_out else 0.0) for h in self._running.values()
+                   if h.deadline is not None]
+        return self.ctx.pacer.sleep(now, busy=len(self.slots) > 0, deadline=min([deadline, *due]))
+
+    def watch(self, now: float) -> None:
+        """Cancel the statements of jobs past their deadline; end batches stuck past the grace."""
+        with self._lock:
+            running = list(self._running.values())
+        for held in running:
+            if held.deadline is None or held.finished:
+                continue
+            if not held.timed_out and now >= held.deadline:
+                with held.lock:
+                    if not held.finished:
+                        held.timed_out = True
+                        self._signal_backend(held, "pg_cancel_backend")
+            elif held.timed_out and now >= held.deadline + grace(held) and held.thread is not None:
+                with held.lock:
+                    if held.finished or not self.slots.abandon(held.thread):
+                        continue
+                    self._signal_backend(held, "pg_terminate_backend")  # ends the batch's transaction
+                log.error("worker %s: job %s (%s) is still running %g s past its deadline; its batch is rolled "
+                          "back and its thread replaced (%s stuck so far)", self.ctx.name, held.job.id,
+                          held.job.task, grace(held), self.slots.stuck)
+        check_stuck(self.ctx, self.slots)
+
+    def _signal_backend(self, held: Held, function: str) -> None:
+        if held.backend_pid is None:
+            return
+        try:
+            with self.ctx.control() as session:
+                session.execute(select(getattr(func, function)(held.backend_pid)))
+        except Exception:
+            log.exception("worker %s: %s for job %s failed", self.ctx.name, function, held.job.id)
+
+    # -- one batch -----------------------------------------------------------
+
+    def run_batch(self) -> bool:
+        """Claim a batch and run it in one transaction; False when nothing was claimable."""
+        ctx = self.ctx
+        outcomes: list[str] = []
+        with ctx.sessions() as session, session.begin():
+            pid = backend_pid(session.connection(execution_options=READ_COMMITTED))
+            for repo in ctx.rotation():
+                jobs = repo.claim(session, queues=ctx.options.queues, limit=ctx.options.batch_size or 1,
+                                  worker=ctx.name, lease=ctx.options.lease)
+                if jobs:
+                    break
+            else:
+                return False
+            succeeded: list[Any] = []
+            failed: list[tuple[Any, BaseException | None, str, float]] = []
+            durations: dict[int, float] = {}
+            unstarted: list[Any] = []
+            for job in jobs:
+                if ctx.stopping.is_set():
+                    unstarted.append(job)
+                    continue
+                started = time.monotonic()
+                with job_context(job):
+                    outcome, error = self._run_in_savepoint(session, repo, job, pid)
+                durations[job.id] = time.monotonic() - started
+                if outcome is None:
+                    succeeded.append(job)
+                else:
+                    outcomes.append(outcome)
+                    failed.append((job, error, outcome, durations[job.id]))
+            # The batch holds its row locks, so the fences always pass here.
+            finished = repo.complete_many(session, succeeded)
+            outcomes += ["completed" if job.id in finished else "lost" for job in succeeded]
+            if unstarted:
+                handed = repo.hand_back(session, unstarted)
+                outcomes += ["handed_back"] * len(handed)
+        for outcome in outcomes:
+            ctx.books.count(outcome)
+        if unstarted:
+            log.info("worker %s: handed back %s claimed job(s) not started: %s", ctx.name, len(unstarted),
+                     ", ".join(str(job.id) for job in unstarted))
+        # Committed: now tell the receivers.
+        for job in succeeded:
+            if job.id in finished:
+                signals.send(signals.job_succeeded, ctx.sender, job=job, duration=durations[job.id])
+        for job, error, status, duration in failed:
+            signals.send_failure(ctx.sender, job, error, status, duration)
+        return True
+
+    def _run_in_savepoint(
+        self, session: Session, repo: Any, job: Any, pid: int | None
+    ) -> tuple[str | None, BaseException | None]:
+        """Run one job of a batch in a SAVEPOINT: (None, None) on success, else
+        the job's new status as recorded in the batch, and the handler's exception."""
+        ctx = self.ctx
+        task = ctx.tasks.get(job.task)
+        if task is None:
+            log.error("worker %s: job %s has unknown task %r", ctx.name, job.id, job.task)
+            return record_failure(session, repo, job, failure_of(job, None, None, ctx.tasks), savepoint=True), None
+        signals.send(signals.job_started, ctx.sender, job=job)
+        held = self._start(repo, job, task, pid)
+        try:
+            savepoint = session.begin_nested()
+            error: BaseException | None = None
+            try:
+                refuse_awaitable(task(job, session))
+                if not held.timed_out:
+                    savepoint.commit()  # flushes the handler's writes inside the savepoint
+                    return None, None
+            except BaseException as exc:  # SystemExit from a handler is a failure too
+                error = exc
+            savepoint.rollback()
+            if held.timed_out:  # whatever it returned or raised: nothing of it commits
+                assert held.deadline is not None and held.started is not None
+                seconds = held.deadline - held.started
+                log.error("worker %s: job %s (%s) timed out after %g s", ctx.name, job.id, job.task, seconds)
+                return record_failure(session, repo, job, timeout_failure(task, seconds), savepoint=True), error
+            assert error is not None
+            log.info("worker %s: job %s (%s) failed: %r", ctx.name, job.id, job.task, error)
+            return record_failure(session, repo, job, failure_of(job, task, error), savepoint=True), error
+        finally:
+            with held.lock:  # before the connection runs the batch's next statement
+                held.finished = True
+            with self._lock:
+                self._running.pop(threading.get_ident(), None)
+
+    def _start(self, repo: Any, job: Any, task: Any, pid: int | None) -> Held:
+        now = time.monotonic()
+        timeout = task.timeout or self.ctx.options.job_timeout
+        held = Held(repo, job, started=now, deadline=None if timeout is None else now + timeout.total_seconds(),
+                    backend_pid=pid, thread=threading.get_ident())
+        with self._lock:
+            self._running[held.thread or 0] = held
+        return held
+
+    # -- stopping ----------------------------------------------------------------
+
+    def stop_claiming(self, until: float) -> None:
+        """Batches see ``stopping`` and hand back what they did not start; probes
+        not started yet are dropped."""
+        self.slots.take_unstarted()
+
+    def describe_running(self) -> str:
+        return (f"{len(self.slots)} batch(es) still running; their transactions roll back when the process "
+                "exits, and their jobs are pending again")
+
+    def close(self, *, wait: bool) -> None:
+        self.slots.close(wait=wait)

@@ -1,0 +1,149 @@
+"""The worker loop's decisions (sa_jobqueue/worker/pace.py) as a plain object:
+no database, no threads, no clock; time is passed in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from sa_jobqueue.worker.pace import Pacer
+
+
+def _fixed(value: float) -> Iterator[float]:
+    while True:
+        yield value
+
+
+def pacer(**options: object) -> Pacer:
+    base: dict[str, object] = {"capacity": 4, "concurrency": 4, "batch_size": None, "poll_interval": 1.0,
+                               "claimers": 2, "jitter": lambda low, high: 1.0}
+    base.update(options)
+    return Pacer(**base)  # type: ignore[arg-type]
+
+
+def test_a_busy_worker_claims_its_free_capacity_at_once() -> None:
+    p = pacer()
+    assert p.claims(0.0, held=0, claiming=0) == [4]
+    assert p.claims(0.0, held=1, claiming=0) == [3]
+    assert p.claims(0.0, held=4, claiming=0) == []
+
+
+def test_with_a_batch_size_claims_go_out_in_whole_batches_up_to_the_claimers() -> None:
+    p = pacer(capacity=30, batch_size=10)
+    assert p.claims(0.0, held=0, claiming=0) == [10, 10]
+    for ask in (10, 10):
+        p.claim_sent(ask)
+    # 20 reserved, 10 free: no third claim while two are in flight.
+    assert p.claims(0.0, held=0, claiming=2) == []
+    p.claim_ended(10, 10)
+    p.claim_ended(10, 10)
+    # 20 held, a whole batch fits again.
+    assert p.claims(0.0, held=20, claiming=0) == [10]
+    # 25 held and the threads busy: 5 free is less than a batch, wait.
+    assert p.claims(0.0, held=25, claiming=0) == []
+    # A thread is idle (held < concurrency): top it up even with a short batch.
+    assert pacer(capacity=30, concurrency=8, batch_size=10).claims(0.0, held=25, claiming=0) == []
+    assert pacer(capacity=30, concurrency=8, batch_size=10).claims(0.0, held=7, claiming=0) == [10, 10]
+
+
+def test_after_a_short_claim_only_one_claim_is_in_flight() -> None:
+    p = pacer(capacity=30, batch_size=10)
+    p.claim_sent(10)
+    p.claim_ended(10, 3)
+    assert not p.last_claim_full
+    assert p.claims(0.0, held=3, claiming=0) == [10]
+
+
+def test_an_empty_claim_makes_the_worker_idle_until_its_next_probe() -> None:
+    p = pacer()
+    p.results(10.0, hits=0, misses=1, claiming=0, ran=0, listening=False)
+    assert not p.found
+    assert p.next_probe == pytest.approx(10.05)
+    assert p.claims(10.0, held=0, claiming=0) == []
+    assert p.claims(10.06, held=0, claiming=0) == [4]  # one probe once the wait is over
+    # While idle, one probe at a time.
+    assert pacer(capacity=30, batch_size=10, found=False).claims(0.0, held=0, claiming=0) == [10]
+
+
+def test_a_miss_while_another_claim_is_in_flight_does_not_make_the_worker_idle() -> None:
+    p = pacer()
+    p.results(0.0, hits=0, misses=1, claiming=1, ran=0, listening=False)
+    assert p.found
+
+
+def test_idle_waits_back_off_from_50_ms_to_the_poll_interval_with_jitter() -> None:
+    p = pacer(poll_interval=2.0)
+    waits = []
+    for _ in range(8):
+        p.go_idle(0.0, listening=False)
+        waits.append(p.idle_wait)
+    assert waits[:4] == pytest.approx([0.05, 0.1, 0.2, 0.4])
+    assert waits[-1] == pytest.approx(2.0)
+    jittered = pacer(poll_interval=2.0, jitter=lambda low, high: low)
+    jittered.go_idle(0.0, listening=False)
+    assert jittered.idle_wait == pytest.approx(0.05 * 0.75)
+
+
+def test_with_a_listener_the_idle_wait_is_about_the_poll_interval() -> None:
+    p = pacer(poll_interval=2.0, jitter=lambda low, high: low)
+    p.go_idle(0.0, listening=True)
+    assert p.idle_wait == pytest.approx(1.6)
+
+
+def test_a_hit_a_notification_or_a_finished_job_ends_the_idle_wait() -> None:
+    for event in ("hit", "notified", "ran"):
+        p = pacer()
+        p.go_idle(0.0, listening=False)
+        if event == "hit":
+            p.results(0.0, hits=1, misses=0, claiming=0, ran=0, listening=False)
+        elif event == "notified":
+            p.notified()
+        else:
+            p.results(0.0, hits=0, misses=0, claiming=0, ran=1, listening=False)
+        assert p.found, event
+        assert p.claims(0.0, held=0, claiming=0) == [4], event
+
+
+def test_a_hit_resets_the_backoff() -> None:
+    p = pacer()
+    for _ in range(5):
+        p.go_idle(0.0, listening=False)
+    p.results(0.0, hits=1, misses=0, claiming=0, ran=0, listening=False)
+    p.go_idle(0.0, listening=False)
+    assert p.idle_wait == pytest.approx(0.05)
+
+
+def test_a_failed_claim_backs_off_a_poll_interval() -> None:
+    p = pacer()
+    p.back_off(5.0)
+    assert p.claims(5.5, held=0, claiming=0) == []
+    assert p.claims(6.0, held=0, claiming=0) == [4]
+
+
+def test_transaction_mode_probes_every_free_slot_when_busy_and_one_when_idle() -> None:
+    p = pacer(claimers=0)
+    assert p.probes(0.0, free=3) == 3
+    p.results(0.0, hits=0, misses=2, claiming=0, ran=0, listening=False)
+    assert p.probes(0.0, free=3) == 0
+    assert p.probes(0.06, free=3) == 1
+    assert p.probes(0.07, free=3) == 0  # the next probe one idle wait later
+    assert p.probes(0.2, free=0) == 0
+
+
+def test_drained_only_when_idle_and_nothing_is_in_flight() -> None:
+    p = pacer()
+    assert not p.drained(busy=False)  # found work last time
+    p.go_idle(0.0, listening=False)
+    assert not p.drained(busy=True)
+    assert p.drained(busy=False)
+
+
+def test_the_sleep_ends_at_the_next_probe_or_deadline_and_never_passes_the_poll_interval() -> None:
+    p = pacer(poll_interval=1.0)
+    assert p.sleep(0.0, busy=False, deadline=100.0) == 1.0
+    assert p.sleep(0.0, busy=False, deadline=0.25) == 0.25
+    p.go_idle(0.0, listening=False)
+    assert p.sleep(0.0, busy=False, deadline=100.0) == pytest.approx(0.05)
+    assert p.sleep(0.0, busy=True, deadline=100.0) == 1.0
+    assert p.sleep(1.0, busy=False, deadline=0.5) == 0.0
