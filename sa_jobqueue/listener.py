@@ -126,7 +126,7 @@ class Listener:
                         # notifies() returns after the timeout, so the stop flag
                         # is seen within check_interval.
                         for note in conn.notifies(timeout=self._check_interval):
-                            pass  # MUTANT
+                            self._on_notify(note.channel, note.payload)
                         if time.monotonic() >= next_probe:
                             # Notifications that arrive during the probe are
                             # kept by psycopg for the next notifies().

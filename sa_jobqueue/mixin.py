@@ -171,9 +171,9 @@ class JobMixin:
         DateTime(timezone=True), server_default=func.now()
     )
     attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
-    max_attempts: Mapped[int] = mapped_column(
-        Integer, server_default=text(str(DEFAULT_MAX_ATTEMPTS))
-    )
+    # The limit given at enqueue; NULL when none was: then the task's own
+    # max_attempts applies, else DEFAULT_MAX_ATTEMPTS (statements.attempts_limit).
+    max_attempts: Mapped[int | None] = mapped_column(Integer)
     locked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     locked_by: Mapped[str | None] = mapped_column(String(255))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -33,8 +33,9 @@ F = TypeVar("F", bound=Handler)
 
 @dataclass(frozen=True)
 class Task:
-    """A registered handler. ``max_attempts``, when set, overrides the job
-    row's own limit. ``batch_complete``: a handler that takes no session has
+    """A registered handler. ``max_attempts``, when set, is the limit of its
+    jobs enqueued without one of their own (a limit given at enqueue wins;
+    20 applies when neither is). ``batch_complete``: a handler that takes no session has
     no writes to commit with its completion, so (in lease mode) its
     completion is buffered and written with others in one statement; False
     gives each such job a completion transaction of its own."""

@@ -202,12 +202,16 @@ class JobRepository(Generic[M]):
         priority: int = 0,
         run_at: datetime | None = None,
         delay: timedelta | float | None = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
         dedupe_key: str | None = None,
         extra: dict[str, Any] | None = None,
     ) -> M:
         """Insert one job in the caller's transaction and return it (a
         detached snapshot of the row as inserted, see :mod:`sa_jobqueue.snapshot`).
+
+        ``max_attempts``: the job's own limit, which wins over its task's;
+        None (the default) leaves the row's NULL, so that the task's
+        ``max_attempts`` applies, else 20 (:data:`~sa_jobqueue.mixin.DEFAULT_MAX_ATTEMPTS`).
 
         With ``dedupe_key``, while a live job of the same queue holds the key,
         that job is returned and nothing is inserted.
@@ -407,10 +411,12 @@ class JobRepository(Generic[M]):
         """Record a failed attempt of a claimed job and return its new status.
 
         The job goes back to ``pending`` after a backoff (``policy``'s delay
-        for this attempt, or ``delay``, or at ``at``), or to ``dead`` when its
-        attempts reached ``max_attempts`` (default: the row's) or ``discard``
-        is set, or to ``cancelled`` (either way) when its cancel was requested
-        while it ran. ``error`` is kept in ``last_error``. Fenced.
+        for this attempt, or ``delay``, or at ``at``), or to ``dead`` when
+        ``discard`` is set or its attempts reached its limit, or to
+        ``cancelled`` (either way) when its cancel was requested while it ran.
+        The limit is the one given at enqueue, else ``max_attempts`` (the
+        task's own limit, as a worker passes it), else 20. ``error`` is kept
+        in ``last_error``. Fenced.
         """
         check_session(session)
         check_claimed("job", job, self.model)
@@ -422,7 +428,7 @@ class JobRepository(Generic[M]):
         wait = check_delay("delay", delay) if delay is not None else policy.delay(job.attempts)
         params = {
             "job_id": job.id, "token": job.lock_token, "error": clean_error(error), "delay": wait, "at": at,
-            "attempts_limit": max_attempts, "discard": discard,
+            "task_limit": max_attempts, "discard": discard,
         }
         row = session.execute(self._fail, params, execution_options=_NO_SYNC).first()
         if row is None:
@@ -494,8 +500,9 @@ class JobRepository(Generic[M]):
         when their attempts are exhausted, or to cancelled when their cancel
         was requested. Safe to run from many workers.
 
-        ``task_max_attempts`` (task name to limit) overrides the row's
-        ``max_attempts`` for those tasks, as a task's own limit does on failure.
+        ``task_max_attempts`` (task name to limit) is the limit of the jobs
+        of those tasks enqueued without one, as ``fail``'s ``max_attempts``
+        is; a limit given at enqueue wins, and 20 applies when neither is.
         """
         check_session(session)
         limits = check_task_limits(task_max_attempts)

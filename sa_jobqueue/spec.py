@@ -91,6 +91,8 @@ class JobSpec:
     ``priority``: lower runs first (-32768 … 32767, default 0).
     ``run_at`` (aware datetime) or ``delay`` (timedelta or seconds): when the
     job becomes runnable; default now; within :data:`SCHEDULE_HORIZON`.
+    ``max_attempts``: the job's own limit, which wins over its task's; None
+    leaves it to the task's, else 20 (:data:`~sa_jobqueue.mixin.DEFAULT_MAX_ATTEMPTS`).
     ``dedupe_key``: while a live (pending or running) job of the same queue
     holds this key, enqueueing returns that job instead of a new one.
     ``extra``: values for the model's own columns.
@@ -102,7 +104,7 @@ class JobSpec:
     priority: int = 0
     run_at: datetime | None = None
     delay: timedelta | float | None = None
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_attempts: int | None = None
     dedupe_key: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -545,7 +547,7 @@ def to_row(
         "queue": check_name("queue", spec.queue),
         "payload": check_payload({} if spec.payload is None else spec.payload, max_bytes=max_payload_bytes),
         "priority": _int("priority", spec.priority, PRIORITY_MIN, PRIORITY_MAX),
-        "max_attempts": _int("max_attempts", spec.max_attempts, 1, INT32_MAX),
+        "max_attempts": None if spec.max_attempts is None else _int("max_attempts", spec.max_attempts, 1, INT32_MAX),
         "dedupe_key": dedupe_key,
         "run_at": check_aware("run_at", spec.run_at),
         "delay": check_delay("delay", spec.delay),

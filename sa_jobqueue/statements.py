@@ -50,7 +50,7 @@ from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
 from sqlalchemy.types import Boolean, DateTime, Uuid
 
 from .listener import CHANNEL_PREFIX
-from .mixin import CANCELLED, DEAD, DEDUPE_PREDICATE, DONE, PENDING, RUNNING
+from .mixin import CANCELLED, DEAD, DEDUPE_PREDICATE, DEFAULT_MAX_ATTEMPTS, DONE, PENDING, RUNNING
 
 _PENDING: ColumnElement[str] = literal_column(f"'{PENDING}'")
 _RUNNING: ColumnElement[str] = literal_column(f"'{RUNNING}'")
@@ -69,6 +69,14 @@ def _owned_many(t: Table) -> Any:
         t.c.lock_token == any_(bindparam("tokens", type_=ARRAY(Uuid()))),
         t.c.status == _RUNNING,
     )
+
+
+def attempts_limit(t: Table, task_limit: ColumnElement[Any]) -> ColumnElement[int]:
+    """The most attempts a job gets: the limit given at enqueue (the row's
+    ``max_attempts``), else its task's (``task_limit``, NULL when the task has
+    none), else :data:`~sa_jobqueue.mixin.DEFAULT_MAX_ATTEMPTS`. An explicit
+    limit on the job wins, as in Oban and River."""
+    return func.coalesce(t.c.max_attempts, task_limit, literal_column(str(DEFAULT_MAX_ATTEMPTS), Integer()))
 
 
 def _cancel_requested(t: Table) -> Any:
@@ -178,16 +186,16 @@ def complete(model: Any, *, keep_done: bool) -> Update | Delete:
 def fail(model: Any) -> Update:
     """Record a failed attempt: back to pending at the retry time, or dead. Fenced.
 
-    The job is dead when ``discard`` is set or its attempts reached the
-    effective maximum (``max_attempts`` when given, else the row's). The
-    decision is taken in the statement from the row's current attempts. A
-    job whose cancel was requested while it ran is ``cancelled`` instead,
-    retry or not. Parameters: ``job_id``, ``token``, ``error``, ``delay``,
-    ``at``, ``attempts_limit`` (or None), ``discard``.
+    The job is dead when ``discard`` is set or its attempts reached its
+    limit (:func:`attempts_limit`: the row's ``max_attempts``, else
+    ``task_limit``, else the default). The decision is taken in the statement
+    from the row's current attempts. A job whose cancel was requested while
+    it ran is ``cancelled`` instead, retry or not. Parameters: ``job_id``,
+    ``token``, ``error``, ``delay``, ``at``, ``task_limit`` (or None),
+    ``discard``.
     """
     t: Table = model.__table__
-    limit = func.coalesce(bindparam("attempts_limit", type_=t.c.attempts.type),
-                          t.c.max_attempts)
+    limit = attempts_limit(t, bindparam("task_limit", type_=Integer()))
     dead = or_(bindparam("discard", type_=Boolean()), t.c.attempts >= limit)
     ends = or_(dead, _cancel_requested(t))
     return (
@@ -295,8 +303,9 @@ def reap(model: Any) -> Update:
     may reap at once: each row is reaped by one of them, and a job whose
     worker is finishing it right now (row locked) is left alone.
     Parameters: ``limit``, and ``task_limits``: a JSON object of task name to
-    max attempts that overrides the row's ``max_attempts`` (a worker passes
-    its tasks' own limits, so a crash-looping job dies by its task's rule).
+    max attempts, the limit of the jobs of those tasks enqueued without one
+    (:func:`attempts_limit`; a worker passes its tasks' own limits, so a
+    crash-looping job dies by the same rule as a failing one).
     """
     t: Table = model.__table__
     expired = (
@@ -308,7 +317,7 @@ def reap(model: Any) -> Update:
         .cte("expired")
     )
     task_limit = bindparam("task_limits", type_=JSONB()).op("->>")(t.c.task)
-    dead = t.c.attempts >= func.coalesce(cast(task_limit, Integer()), t.c.max_attempts)
+    dead = t.c.attempts >= attempts_limit(t, cast(task_limit, Integer()))
     return (
         update(t)
         .where(t.c.id == expired.c.id)
@@ -372,8 +381,12 @@ def cancel(model: Any) -> Update:
 def retry(model: Any) -> Update:
     """Send a dead or cancelled job back to pending, runnable now.
 
-    Attempts are kept (history); ``max_attempts`` grows by one when needed so
-    that the job gets at least one more attempt. A cancel request of an
+    Attempts are kept (history). A job enqueued with a limit has its
+    ``max_attempts`` raised to ``attempts + 1`` when needed; one enqueued
+    without keeps none (NULL), so its task's limit still applies. Either way
+    the job gets one more attempt: the claim counts and hands out an attempt
+    whatever the limit, and only a failure after it compares attempts with
+    the limit. A cancel request of an
     earlier run is cleared: the new run starts without one. A job whose
     dedupe key is held by another live job stays as it is (the statement
     matches no row). Parameter: ``job_id``.
@@ -397,7 +410,9 @@ def retry(model: Any) -> Update:
             run_at=func.now(),
             finished_at=None,
             cancel_requested_at=None,
-            max_attempts=func.greatest(t.c.max_attempts, t.c.attempts + 1),
+            max_attempts=case(
+                (t.c.max_attempts.is_not(None), func.greatest(t.c.max_attempts, t.c.attempts + 1)), else_=None
+            ),
         )
         .returning(t.c.id)
     )

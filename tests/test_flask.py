@@ -197,7 +197,9 @@ def test_flask_jobs_commands(app: Flask) -> None:
 
     result = runner.invoke(args=["jobs", "worker", "--until-empty", "--no-listen", "--concurrency", "1"])
     assert result.exit_code == 0, (result.output, result.exception)
-    assert json.loads(result.output.strip().splitlines()[-1]) == {"completed": 1, "retried": 0, "dead": 0, "lost": 0}
+    assert json.loads(result.output.strip().splitlines()[-1]) == {
+        "completed": 1, "retried": 0, "dead": 0, "lost": 0, "cancelled": 0, "handed_back": 0,
+    }
     assert _rows(app)[2] == ["the test app: from the cli"]
 
     result = runner.invoke(args=["jobs", "health"])

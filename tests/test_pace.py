@@ -147,3 +147,22 @@ def test_the_sleep_ends_at_the_next_probe_or_deadline_and_never_passes_the_poll_
     assert p.sleep(0.0, busy=False, deadline=100.0) == pytest.approx(0.05)
     assert p.sleep(0.0, busy=True, deadline=100.0) == 1.0
     assert p.sleep(1.0, busy=False, deadline=0.5) == 0.0
+
+
+def test_a_notification_while_a_claim_is_in_flight_is_not_lost() -> None:
+    p = pacer()
+    assert p.claims(0.0, held=0, claiming=0) == [4]  # a claim goes out...
+    p.notified()  # ...a job is enqueued while it travels...
+    p.results(0.0, hits=0, misses=1, claiming=0, ran=0, listening=True)  # ...and it comes back empty
+    assert p.found
+    assert p.claims(0.0, held=0, claiming=0) == [4]  # claim again at once
+    p.results(0.0, hits=0, misses=1, claiming=0, ran=0, listening=True)
+    assert not p.found  # a claim sent after the notification found nothing: idle now
+
+
+def test_in_transaction_mode_a_notification_during_a_probe_is_not_lost_either() -> None:
+    p = pacer(claimers=0)
+    assert p.probes(0.0, free=1) == 1
+    p.notified()
+    p.results(0.0, hits=0, misses=1, claiming=0, ran=0, listening=True)
+    assert p.probes(0.0, free=1) == 1

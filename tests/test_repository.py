@@ -43,7 +43,7 @@ def test_enqueue_returns_the_users_model(sessions: sessionmaker[Session]) -> Non
     assert (job.task, job.queue, job.payload, job.status, job.tenant_id) == (
         "send_welcome", "signup", {"user_id": 42}, "pending", 7
     )
-    assert job.attempts == 0 and job.max_attempts == 20 and job.priority == 0
+    assert job.attempts == 0 and job.max_attempts is None and job.priority == 0  # None: the task's limit, else 20
 
 
 def test_outbox_job_exists_iff_the_callers_transaction_commits(sessions: sessionmaker[Session]) -> None:

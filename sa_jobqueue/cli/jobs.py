@@ -10,7 +10,7 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..mixin import DEFAULT_MAX_ATTEMPTS, STATUSES
+from ..mixin import STATUSES
 from .database import database_errors
 from .errors import CliError, CliUsageError, OneLineCommand, OneLineGroup
 from .formatting import render_table, short, when
@@ -26,7 +26,8 @@ __all__ = ["enqueue_command", "jobs_group"]
 @click.option("--queue", default="default", show_default=True)
 @click.option("--priority", type=int, default=0, show_default=True, help="Lower runs first (-32768 … 32767).")
 @click.option("--delay", type=float, default=None, metavar="SECONDS", help="Run no earlier than this from now.")
-@click.option("--max-attempts", type=int, default=None, help="Attempts before the job is dead (default 20).")
+@click.option("--max-attempts", type=int, default=None,
+              help="Attempts before the job is dead (default: the task's max_attempts, else 20).")
 @click.option("--dedupe-key", default=None, help="Skip the insert while a live job of the queue holds this key.")
 @model_option
 @click.pass_context
@@ -47,7 +48,7 @@ def enqueue_command(
     with database_errors(engine, repository.table.name), Session(engine) as session, session.begin():
         job = repository.enqueue(
             session, task, value, queue=queue, priority=priority, delay=delay, dedupe_key=dedupe_key,
-            max_attempts=DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts,
+            max_attempts=max_attempts,
         )
         job_id = job.id
     click.echo(job_id)

@@ -47,6 +47,10 @@ class Pacer:
     next_probe: float = 0.0  # while idle: when to probe again (unless woken)
     last_claim_full: bool = True
     reserved: int = 0  # jobs asked for by claims in flight (lease mode)
+    # A notification no claim has been sent since: an empty result of a claim
+    # sent before it must not make the worker idle, or the job it announced
+    # would wait a whole poll interval.
+    woken: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
@@ -66,7 +70,10 @@ class Pacer:
         if hits:
             self.found, self.idle_wait = True, 0.0
         elif misses and not claiming:
-            self.go_idle(now, listening)
+            if self.woken:
+                self.found = True  # the empty claim was sent before the notification: claim again
+            else:
+                self.go_idle(now, listening)
         if ran and not self.found:
             self.found = True
 
@@ -79,6 +86,7 @@ class Pacer:
     def notified(self) -> None:
         """A job was enqueued on a queue the worker serves."""
         self.found = True
+        self.woken = True
 
     def back_off(self, now: float) -> None:
         """A claim failed, or a job's session could not connect: wait a poll interval."""
@@ -121,11 +129,15 @@ class Pacer:
             asks.append(ask)
             reserved += ask
             may_claim = self.found  # while idle, one probe at a time
+        if asks:
+            self.woken = False
         return asks
 
     def probes(self, now: float, *, free: int) -> int:
         """Transaction mode: how many slots should claim a batch now."""
         if self.found:
+            if free > 0:
+                self.woken = False
             return free
         if free > 0 and now >= self.next_probe:
             # While idle, one probe per idle wait, whatever the other slots do:

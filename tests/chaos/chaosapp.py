@@ -2,13 +2,14 @@
 handlers, and a CLI that runs one worker process.
 
     python tests/chaos/chaosapp.py work URL --mode lease --concurrency 4 --lease 3 [--no-listen] [--pgbouncer]
-        [--batch-size N] [--pool-size N --max-overflow N --pool-timeout S] [--log-level INFO]
+        [--batch-size N] [--pool-size N --max-overflow N --pool-timeout S | --null-pool] [--log-level INFO]
     python tests/chaos/chaosapp.py produce URL --producer N --seconds 20 --keys 60 --per-call 12
 
 The worker runs until SIGTERM/SIGINT, then prints its WorkerResult as JSON.
 ``--pool-size``, ``--max-overflow`` and ``--pool-timeout`` size the
 application's engine (the jobs' sessions); by default it has
-``concurrency + 1`` connections, 2 more at peaks, and waits 30 s for one.
+``concurrency + 1`` connections, 2 more at peaks, and waits 30 s for one;
+``--null-pool`` makes it open a connection per session instead.
 ``produce`` is one producer of the bulk-dedupe scenario: it calls
 ``enqueue_many`` with overlapping dedupe keys in a shuffled order for a
 while, then prints what it did as JSON (see :func:`_produce`).
@@ -43,6 +44,7 @@ from sqlalchemy import BigInteger, DateTime, Engine, Integer, create_engine, fun
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.pool import NullPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -117,20 +119,25 @@ def _leak(session: Session, keep: int) -> None:
     transaction). Once ``keep`` are held, the next such handler closes them
     all instead, which gives their connections back to the pool."""
     with _leak_lock:
-        if len(_leaked) >= keep:
-            released = list(_leaked)
+        released = list(_leaked) if len(_leaked) >= keep else []
+        if released:
             _leaked.clear()
-        else:
-            released = []
-            extra = Session(session.get_bind())
-            _leaked.append(extra)
-            held = len(_leaked)
     if released:
         for extra in released:
             extra.close()  # a connection the server ended meanwhile is discarded by the pool
         log.warning("chaos leak: released %s leaked session(s)", len(released))
         return
-    extra.execute(text(LEAK_QUERY))  # checks out a connection and keeps it
+    # The job's session holds a connection of the pool already: at most
+    # pool_size - 1 can leak, so one is always left for the next job.
+    extra = Session(session.get_bind())
+    try:
+        extra.execute(text(LEAK_QUERY))  # checks out a connection and keeps it
+    except BaseException:
+        extra.close()  # the pool had none left: this handler fails (and is retried)
+        raise
+    with _leak_lock:
+        _leaked.append(extra)
+        held = len(_leaked)
     log.warning("chaos leak: leaked a session (%s held)", held)
 
 
@@ -185,17 +192,20 @@ def connect_args(*, pgbouncer: bool, application_name: str = "chaos-worker") -> 
 
 
 def make_engine(url: str, *, concurrency: int, pgbouncer: bool, pool_size: int | None = None,
-                max_overflow: int = 2, pool_timeout: float = 30) -> Engine:
+                max_overflow: int = 2, pool_timeout: float = 30, null_pool: bool = False) -> Engine:
+    args = connect_args(pgbouncer=pgbouncer, application_name=f"chaos-worker-{os.getpid()}")
+    if null_pool:  # a new connection for every session
+        return create_engine(psycopg_url(url), poolclass=NullPool, pool_pre_ping=True, connect_args=args)
     return create_engine(
         psycopg_url(url), pool_size=concurrency + 1 if pool_size is None else pool_size,
-        max_overflow=max_overflow, pool_timeout=pool_timeout, pool_pre_ping=True,
-        connect_args=connect_args(pgbouncer=pgbouncer, application_name=f"chaos-worker-{os.getpid()}"),
+        max_overflow=max_overflow, pool_timeout=pool_timeout, pool_pre_ping=True, connect_args=args,
     )
 
 
 def _work(args: argparse.Namespace) -> None:
     engine = make_engine(args.url, concurrency=args.concurrency, pgbouncer=args.pgbouncer,
-                         pool_size=args.pool_size, max_overflow=args.max_overflow, pool_timeout=args.pool_timeout)
+                         pool_size=args.pool_size, max_overflow=args.max_overflow, pool_timeout=args.pool_timeout,
+                         null_pool=args.null_pool)
     worker = Worker(
         engine, jobs, tasks, concurrency=args.concurrency, mode=args.mode,
         lease=timedelta(seconds=args.lease), poll_interval=args.poll, listen=args.listen,
@@ -282,6 +292,7 @@ def main() -> None:
     work.add_argument("--pool-size", type=int, default=None)
     work.add_argument("--max-overflow", type=int, default=2)
     work.add_argument("--pool-timeout", type=float, default=30.0)
+    work.add_argument("--null-pool", action="store_true", help="the app's engine opens a connection per session")
     work.add_argument("--log-level", default="WARNING", help="of the sa_jobqueue loggers")
     produce = sub.add_parser("produce")
     produce.add_argument("url")

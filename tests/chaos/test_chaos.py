@@ -14,8 +14,11 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +26,7 @@ import psycopg
 import pytest
 from bouncer import PgBouncer
 from chaosapp import HOLD_QUERY
-from harness import LISTENER_APP_NAME, Fault, Run
+from harness import LISTENER_APP_NAME, PRODUCER_BATCHES, Fault, Run
 from pgserver import PgServer
 from tcpproxy import TcpProxy
 
@@ -317,7 +320,7 @@ def test_rows_the_client_cannot_decode(make_run: MakeRun, mode: str) -> None:
     "payload cannot be decoded: RecursionError…"), its handler never starts;
     every other job completes exactly once, at its first attempt: no claim
     is left running until its lease expires (no reap, no "lease expired")."""
-    run = make_run("undecodable", mode, jobs=JOBS, worker_args=["--batch-size", "10"])
+    run = make_run("undecodable", mode, jobs=JOBS, worker_args=["--batch-size", "10"], drain_timeout=120.0)
     for sql in DEEP_JSON.values():
         stored = run.query(f"SELECT CAST({sql} AS text)", {"depth": DEEP})[0][0]
         with pytest.raises(RecursionError):
@@ -390,7 +393,8 @@ def test_a_read_only_period(make_run: MakeRun, mode: str) -> None:
     bound, not a timing assertion: without the discard, the errors go on
     until the drain times out). Workers log at INFO, so handler failures are
     in their logs too."""
-    run = make_run("read_only", mode, jobs=JOBS, worker_args=["--log-level", "INFO"])
+    run = make_run("read_only", mode, jobs=JOBS, worker_args=["--log-level", "INFO"], drain_timeout=120.0,
+                   known_bug="transaction mode keeps a read-only connection" if mode == "transaction" else None)
     period = 5.0
     grace = 30.0
 
@@ -448,6 +452,27 @@ def _attempt_problems(run: Run) -> list[str]:
     return [f"{len(beyond)} job(s) spent more attempts than their handler ran ({sample})"]
 
 
+def _overstated_holders(run: Run) -> list[str]:
+    """'pool is exhausted' records whose count of connections held by the
+    worker's running jobs exceeds the pool's checked-out connections minus the
+    sessions the handlers had leaked by then (from the 'chaos leak' records of
+    the same process, which come in the order things happened)."""
+    leaked: dict[int, int] = {}
+    wrong = []
+    for r in run.log_records(r"chaos leak: |the jobs' pool is exhausted"):
+        held = re.search(r"leaked a session \((\d+) held\)", r.text)
+        if held:
+            leaked[r.pid] = int(held.group(1))
+        elif "chaos leak: released" in r.text:
+            leaked[r.pid] = 0
+        else:
+            counts = re.search(r"Checked out connections: (\d+)\).*?running jobs hold (\d+) of them", r.text, re.S)
+            if counts and int(counts.group(2)) > int(counts.group(1)) - leaked.get(r.pid, 0):
+                wrong.append(f"{counts.group(2)} of {counts.group(1)} checked out said held by running jobs "
+                             f"while {leaked.get(r.pid, 0)} were leaked")
+    return wrong
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_handlers_that_leak_connections(make_run: MakeRun, mode: str) -> None:
     """One job in 50 runs a handler that opens a Session of its own on the
@@ -471,7 +496,7 @@ def test_handlers_that_leak_connections(make_run: MakeRun, mode: str) -> None:
             return "effect", {"leak": keep, "sleep": 1.5}
         return "effect", {"sleep": round(rng.uniform(0, 0.02), 4)}
 
-    run = make_run("leaky_handlers", mode, jobs=JOBS, payload=payload,
+    run = make_run("leaky_handlers", mode, jobs=JOBS, payload=payload, drain_timeout=120.0,
                    worker_args=["--pool-size", "4", "--max-overflow", "0", "--pool-timeout", "1"])
     run.extra_faults["leaking handlers"] = len(range(25, JOBS, 50))
 
@@ -485,15 +510,193 @@ def test_handlers_that_leak_connections(make_run: MakeRun, mode: str) -> None:
         slot_timeouts = run.log_records(r"job slot failed(.|\n)*QueuePool limit")
         run.notes.append(f"{leaked} sessions leaked, {released} releases; {len(exhausted)} 'pool is exhausted' "
                          f"records, {len(slot_timeouts)} 'job slot failed' records on a pool timeout")
+        overstated = _overstated_holders(run)
+        if exhausted:
+            run.notes.append(f"{len(overstated)} of {len(exhausted)} 'pool is exhausted' records count more "
+                             "connections held by the worker's running jobs than the pool's checked-out ones minus "
+                             "the leaked ones"
+                             + (f", e.g. {overstated[0]}" if overstated else ""))
         if not leaked:
             problems.append("no handler leaked a session")
-        if not exhausted:
-            problems.append("no worker logged that the jobs' pool is exhausted")
-        elif not all("held elsewhere" in r.text for r in exhausted):
-            problems.append(f"a 'pool is exhausted' record does not say where the connections are: "
-                            f"{exhausted[0].text[:300]!r}")
+        if mode == "lease":
+            if not exhausted:
+                problems.append("no worker logged that the jobs' pool is exhausted")
+            elif not all("held elsewhere" in r.text for r in exhausted):
+                problems.append(f"a 'pool is exhausted' record does not say where the connections are: "
+                                f"{exhausted[0].text[:300]!r}")
+        elif not (exhausted or slot_timeouts):
+            # A batch claims in its own session: when that session gets no
+            # connection nothing was claimed, and nothing is handed back.
+            problems.append("no worker logged that a batch's session timed out on the jobs' pool")
         return problems
 
     _drain(run, None, checks)
     handed = sum(r.get("handed_back", 0) for r in run.results.values())
     run.notes.append(f"{handed} job(s) handed back unstarted (WorkerResult.handed_back)")
+
+
+TOO_MANY = r"too many clients|remaining connection slots are reserved"
+
+
+def _slow_enough(i: int, rng: random.Random) -> tuple[str, dict[str, Any]]:
+    """Jobs of 20-60 ms: a drain of 2,000 outlasts filling the server and holding it full."""
+    return "effect", {"sleep": round(rng.uniform(0.02, 0.06), 4)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_max_connections_exhausted(make_run: MakeRun, mode: str) -> None:
+    """At 2% of the drain, the test opens connections to the server (raw
+    psycopg, as another application would; four threads) until it refuses
+    them, keeps it full for 5 s, taking every slot that frees up, then closes
+    them all. The application's engine has no pool (NullPool: a connection
+    per session, as applications behind PgBouncer often have), so every job
+    session (lease mode) and every batch (transaction mode) connects; jobs
+    take 20-60 ms. Expected: a job whose session could not
+    connect is handed back without spending an attempt: no job used more
+    attempts than its handler started (the run logs); nothing lost or
+    committed twice."""
+    run = make_run("max_connections", mode, jobs=JOBS, payload=_slow_enough, worker_args=["--null-pool"],
+                   drain_timeout=120.0,
+                   known_bug="a hand-back that cannot connect leaves the attempt to the reaper" if mode == "lease"
+                   else None)
+    hold = 5.0
+    refused: list[str] = []
+
+    def inject(run: Run) -> None:
+        if not run.wait_progress(0.02):
+            return
+        held: list[psycopg.Connection[Any]] = []
+        lock = threading.Lock()
+        full = threading.Event()
+
+        def connect(timeout: int) -> bool:
+            try:
+                conn = psycopg.connect(run.server.url, autocommit=True, connect_timeout=timeout,
+                                       application_name="chaos-hog")
+            except psycopg.OperationalError as exc:
+                with lock:
+                    refused.append(str(exc).strip())
+                return False
+            with lock:
+                held.append(conn)
+            return True
+
+        def fill() -> None:
+            deadline = time.monotonic() + 60
+            while not full.is_set() and time.monotonic() < deadline:
+                if not connect(5):
+                    full.set()
+
+        try:
+            fillers = [threading.Thread(target=fill, name=f"filler-{n}", daemon=True) for n in range(4)]
+            for thread in fillers:
+                thread.start()
+            for thread in fillers:
+                thread.join(timeout=90)
+            at = time.time()
+            until = time.monotonic() + hold
+            while time.monotonic() < until and run.pause(0.05):
+                connect(2)  # a slot that freed up (a worker closed a connection)
+        finally:
+            with lock:
+                for conn in held:
+                    conn.close()
+                count = len(held)
+        run.faults.append(Fault("server full", at, time.time()))
+        run.notes.append(f"the test held up to {count} connections; the server refused the first of "
+                         f"{len(refused)} attempts with {refused[:1]}")
+
+    def checks(run: Run) -> list[str]:
+        problems = _attempt_problems(run)
+        if not refused or not re.search(TOO_MANY, refused[0]):
+            problems.append(f"the server was not filled: {refused[:1]}")
+        hit = run.log_records(TOO_MANY)
+        unstarted = [r for r in hit if "handed back unstarted" in r.text]
+        batches = [r for r in hit if "job slot failed" in r.text]
+        own = [r for r in hit if re.search(OWN_STATEMENT_FAILED, r.text)]
+        run.notes.append(f"{len(hit)} worker log records of a refused connection: {len(unstarted)} job sessions "
+                         f"handed back unstarted, {len(batches)} batches that could not connect, {len(own)} "
+                         "statements of the worker's own")
+        lost_hand_backs = run.log_records(r"handing back \d+ jobs failed")
+        if lost_hand_backs:
+            run.notes.append(f"{len(lost_hand_backs)} hand-back(s) failed (the worker's own pool could not connect "
+                             "either), leaving their jobs to the reaper, which counts the attempt")
+        if not (unstarted if mode == "lease" else batches):
+            problems.append("no job session (lease mode) or batch (transaction mode) was refused a connection: "
+                            "the fault did not bite")
+        return problems
+
+    _drain(run, inject, checks)
+    handed = sum(r.get("handed_back", 0) for r in run.results.values())
+    run.notes.append(f"{handed} job(s) handed back unstarted (WorkerResult.handed_back)")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bulk_enqueue_with_dedupe_keys_from_many_producers(make_run: MakeRun, mode: str) -> None:
+    """While the workers drain the feeder's jobs, 20 producer processes
+    (``chaosapp.py produce``) call ``enqueue_many`` for 20 s, each call with
+    14 specs whose dedupe keys are drawn from 60 (two of them twice), in a
+    shuffled order, each in a transaction that stays open up to 20 ms after
+    the insert; a call's ``chaos_batches`` row lists the ids it returned.
+    Expected: no producer ever meets a deadlock (the library writes keyed rows
+    in one global order) or any other error; every returned job has its
+    spec's key; keys were really shared (calls got back jobs of other
+    transactions); at no time do two live jobs share a key (sampled every
+    0.2 s; the table's partial unique index); every job, the producers'
+    included, completes exactly once."""
+    producers, seconds = 20, 20.0
+    run = make_run("bulk_dedupe", mode, jobs=JOBS, drain_timeout=120.0,
+                   known_bug="enqueue_many re-inserts a key out of order")
+    index = run.query("SELECT indexdef FROM pg_indexes WHERE indexname = 'uq_chaos_jobs_dedupe_v1'")
+    assert index and "UNIQUE" in index[0][0], index
+    run.start()
+    procs = [
+        run.spawn_helper(f"producer-{n}", "produce", run.url_for_workers(), "--producer", str(n),
+                         "--seed", str(run.rng.getrandbits(32)), "--seconds", str(seconds), "--keys", "60",
+                         "--per-call", "12", "--batch-base", str(PRODUCER_BATCHES + n * 100_000))
+        for n in range(producers)
+    ]
+    twins: list[tuple[str, int]] = []
+    samples = 0
+    deadline = time.monotonic() + seconds + 120
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        twins += run.query(
+            "SELECT dedupe_key, count(*) FROM chaos_jobs WHERE dedupe_key IS NOT NULL "
+            "AND status IN ('pending', 'running') GROUP BY dedupe_key HAVING count(*) > 1"
+        )
+        samples += 1
+        time.sleep(0.2)
+    stats, problems = [], []
+    for n, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            problems.append(f"producer {n} (PID {proc.pid}) did not finish")
+            continue
+        if proc.returncode != 0 or not out.strip():
+            problems.append(f"producer {n} exited with {proc.returncode}: see producer-{n}.log")
+            continue
+        stats.append(json.loads(out.strip().splitlines()[-1]))
+    drained = run.wait_drained()
+    run.end_faults()
+    total = Counter[str]()
+    errors = Counter[str]()
+    for one in stats:
+        total.update({k: one[k] for k in ("calls", "committed", "rows", "inserted", "deduped", "wrong_key")})
+        errors.update(one["errors"])
+    messages = [m for one in stats for m in one["messages"]]
+    if errors.get("40P01"):
+        problems.append(f"{errors['40P01']} deadlock(s) in the producers: {messages[:1]}")
+    if errors:
+        problems.append(f"producer errors by SQLSTATE: {dict(errors)}: {messages[:2]}")
+    if total["wrong_key"]:
+        problems.append(f"{total['wrong_key']} returned job(s) with another dedupe key than the spec's")
+    if not total["deduped"] or not total["inserted"]:
+        problems.append(f"the keys did not overlap: {dict(total)}")
+    if twins:
+        problems.append(f"two live jobs shared a dedupe key in {len(twins)} of {samples} samples: {twins[:3]}")
+    run.extra_faults["producers"] = producers
+    run.notes.append(f"{producers} producers, {total['calls']} calls ({total['committed']} committed), "
+                     f"{total['rows']} rows returned: {total['inserted']} new jobs, {total['deduped']} deduped; "
+                     f"{samples} samples of live jobs per key")
+    run.finish(drained, problems).assert_ok()
