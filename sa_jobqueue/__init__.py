@@ -28,7 +28,8 @@ from .errors import (
 from .mixin import STATUSES, JobMixin, job_table_args
 from .periodic import Periodic, PeriodicScheduler, create_periodic_table
 from .registry import Task, TaskRegistry
-from .repository import JobRepository, QueueStats, ReapResult
+from .reports import LeaseReport, QueueStats, ReapResult
+from .repository import JobRepository
 from .retry import RetryPolicy
 from .spec import JobSpec
 from .urls import psycopg_url
@@ -45,6 +46,7 @@ __all__ = [
     "JobRepository",
     "JobSpec",
     "JobTableError",
+    "LeaseReport",
     "Periodic",
     "PeriodicScheduler",
     "QueueStats",

@@ -7,15 +7,18 @@ drawn from the table's identity sequence first, in one statement that also
 reads the transaction's ``now()``. Every other column is then known without
 reading it back: ``created_at`` defaults to that same ``now()`` (one value per
 transaction), ``run_at`` is ``coalesce(run_at, now() + delay)`` as the INSERT
-computes it, and the rest are the table's defaults. So the snapshots built
-here equal what ``RETURNING`` would have returned.
+computes it, and the rest are the table's defaults, read from the columns
+(:func:`stored_defaults`) and known in Python through the one definition the
+mixin renders them from (:data:`~sa_jobqueue.mixin.COLUMN_DEFAULTS`). So the
+snapshots built here equal what ``RETURNING`` would have returned.
 
 Used by :meth:`JobRepository.enqueue_many` for rows without a dedupe key
 (COPY has no ``ON CONFLICT``), on job tables without columns of the user's
-own (whose defaults the client cannot know), when the session's driver is
-psycopg 3. Anything else takes the INSERT path. The COPY runs on the
-session's own connection and transaction: it commits or rolls back with the
-caller's writes. SQLAlchemy's ``before_cursor_execute`` events do not see it.
+own (whose defaults the client cannot know) and whose job columns keep the
+mixin's defaults, when the session's driver is psycopg 3. Anything else
+takes the INSERT path. The COPY runs on the session's own connection and
+transaction: it commits or rolls back with the caller's writes.
+SQLAlchemy's ``before_cursor_execute`` events do not see it.
 
 :func:`write_order` decides in which order, and in which statements,
 ``enqueue_many`` writes its rows.
@@ -31,14 +34,16 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from sqlalchemy import Table, bindparam, text
+from sqlalchemy import ColumnElement, Table, TextClause, bindparam, text
 from sqlalchemy.orm import Session
 from sqlalchemy.types import String
 
-from .mixin import PENDING
+from .mixin import COLUMN_DEFAULTS, NOW_DEFAULTS, server_default
 
 # The columns COPY writes; the others take their defaults.
 _COPIED = ("id", "task", "queue", "payload", "priority", "run_at", "max_attempts")
+# A column defaulting to now(), in stored_defaults(): the transaction's now() once known.
+NOW = object()
 
 _RESERVE = text(
     "SELECT now() AS now, array_agg(nextval(CAST(:sequence AS regclass))) AS ids "
@@ -85,6 +90,44 @@ def write_order(rows: Sequence[dict[str, Any]]) -> list[tuple[bool, list[int]]]:
     return order
 
 
+def _default_sql(default: object) -> str:
+    """A server default's SQL: a string default as the literal SQLAlchemy renders, else its text."""
+    if isinstance(default, str):
+        return "'" + default.replace("'", "''") + "'"
+    if isinstance(default, TextClause):
+        return default.text
+    if isinstance(default, ColumnElement):
+        return str(default.compile())
+    return repr(default)
+
+
+def stored_defaults(table: Table) -> dict[str, Any] | None:
+    """What a row written by COPY stores in each column COPY leaves out: NULL
+    (None) without a default, :data:`NOW` for ``now()``, else the value of
+    :data:`~sa_jobqueue.mixin.COLUMN_DEFAULTS` whose rendering the column's
+    server default is. None when a column has any other default (a model
+    overriding a job column, or a default computed in Python): only an
+    INSERT applies that, so such a table never takes the COPY path."""
+    defaults: dict[str, Any] = {}
+    for column in table.columns:
+        if column.key in _COPIED:
+            continue
+        if column.default is not None:
+            return None
+        given = column.server_default
+        if given is None:
+            defaults[column.key] = None
+            continue
+        sql_text = _default_sql(getattr(given, "arg", given))
+        if column.key in NOW_DEFAULTS and sql_text == "now()":
+            defaults[column.key] = NOW
+        elif column.key in COLUMN_DEFAULTS and sql_text == _default_sql(server_default(column.key)):
+            defaults[column.key] = COLUMN_DEFAULTS[column.key]
+        else:
+            return None
+    return defaults
+
+
 def driver_connection(session: Session) -> psycopg.Connection[Any] | None:
     """The session's psycopg 3 connection (opening its transaction), or None
     when COPY cannot stand in for the INSERT: another driver, or a
@@ -106,15 +149,18 @@ def sequence_of(session: Session, table: Table) -> str:
 
 
 def copy_rows(
-    session: Session, conn: psycopg.Connection[Any], table: Table, sequence: str, rows: Sequence[dict[str, Any]]
+    session: Session, conn: psycopg.Connection[Any], table: Table, sequence: str, rows: Sequence[dict[str, Any]],
+    defaults: dict[str, Any],
 ) -> list[dict[str, Any]]:
-    """COPY checked rows (from :func:`~sa_jobqueue.spec.to_row`) into ``table``.
+    """COPY checked rows (from :func:`~sa_jobqueue.spec.to_row`) into ``table``,
+    whose :func:`stored_defaults` are ``defaults``.
 
     Return, per row in input order, every column's value as stored.
     """
     reserved = session.execute(_RESERVE, {"sequence": sequence, "n": len(rows)}).one()
     now: datetime = reserved.now
     ids: list[int] = sorted(reserved.ids)
+    left_out = {key: now if value is NOW else value for key, value in defaults.items()}
     stored: list[dict[str, Any]] = []
     name = sql.Identifier(table.schema, table.name) if table.schema else sql.Identifier(table.name)
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(name, sql.SQL(", ").join(map(sql.Identifier, _COPIED)))
@@ -126,11 +172,9 @@ def copy_rows(
             copy.write_row((job_id, row["task"], row["queue"], encoded, row["priority"], run_at,
                             row["max_attempts"]))
             stored.append({
-                "id": job_id, "task": row["task"], "queue": row["queue"],
+                **left_out, "id": job_id, "task": row["task"], "queue": row["queue"],
                 # As read back from jsonb: tuples become lists, keys strings.
-                "payload": json.loads(encoded), "status": PENDING, "priority": row["priority"],
-                "run_at": run_at, "created_at": now, "attempts": 0, "max_attempts": row["max_attempts"],
-                "locked_at": None, "locked_by": None, "lease_expires_at": None, "lock_token": None,
-                "last_error": None, "dedupe_key": None, "finished_at": None, "cancel_requested_at": None,
+                "payload": json.loads(encoded), "priority": row["priority"], "run_at": run_at,
+                "max_attempts": row["max_attempts"],
             })
     return stored

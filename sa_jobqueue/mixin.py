@@ -33,8 +33,11 @@ Set ``__keep_done__ = True`` on the model to keep completed jobs as ``done``
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -48,11 +51,14 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Text,
+    TextClause,
     Uuid,
     func,
     text,
 )
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column
 from sqlalchemy.sql.naming import conv
 
@@ -72,6 +78,27 @@ NAME_LENGTH = 128
 DEDUPE_KEY_LENGTH = 255
 PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
+
+
+# What a job column holds when an enqueue leaves it out, as Python values. The
+# columns' server defaults below are rendered from it, and the COPY path of
+# enqueue_many (bulk.py) fills its snapshots in from it, so the two cannot
+# drift. run_at and created_at default to now(); the other columns to NULL.
+COLUMN_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "queue": DEFAULT_QUEUE, "payload": {}, "status": PENDING, "priority": 0, "attempts": 0,
+})
+NOW_DEFAULTS = frozenset({"run_at", "created_at"})
+
+
+def server_default(key: str) -> str | TextClause:
+    """The server default of job column ``key``, rendered from :data:`COLUMN_DEFAULTS`:
+    a string as itself (SQLAlchemy quotes it), a number or JSON as a SQL literal."""
+    value = COLUMN_DEFAULTS[key]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return text(str(value))
+    return text("'" + json.dumps(value).replace("'", "''") + "'")
 
 
 def _sql_list(values: tuple[str, ...]) -> str:
@@ -159,18 +186,18 @@ class JobMixin:
     __keep_done__: ClassVar[bool] = False
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
-    queue: Mapped[str] = mapped_column(String(NAME_LENGTH), server_default=DEFAULT_QUEUE)
+    queue: Mapped[str] = mapped_column(String(NAME_LENGTH), server_default=server_default("queue"))
     task: Mapped[str] = mapped_column(String(NAME_LENGTH))
     payload: Mapped[Any] = mapped_column(
-        JSON().with_variant(JSONB(), "postgresql"), server_default=text("'{}'")
+        JSON().with_variant(JSONB(), "postgresql"), server_default=server_default("payload")
     )
-    status: Mapped[str] = mapped_column(String(16), server_default=PENDING)
-    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    status: Mapped[str] = mapped_column(String(16), server_default=server_default("status"))
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=server_default("priority"))
     run_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
-    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    attempts: Mapped[int] = mapped_column(Integer, server_default=server_default("attempts"))
     # The limit given at enqueue; NULL when none was: then the task's own
     # max_attempts applies, else DEFAULT_MAX_ATTEMPTS (statements.attempts_limit).
     max_attempts: Mapped[int | None] = mapped_column(Integer)
@@ -196,3 +223,32 @@ class JobMixin:
             f"<{type(self).__name__} id={self.id!r} queue={self.queue!r} "
             f"task={self.task!r} status={self.status!r} attempts={self.attempts!r}>"
         )
+
+
+def job_table(model: Any) -> Any:
+    """The table of a mapped JobMixin model, checked: raise :class:`JobTableError`
+    unless ``model`` is one and its table still has the claim, lease and dedupe
+    indexes (a ``__table_args__`` of its own may have replaced them)."""
+    if not isinstance(model, type) or not issubclass(model, JobMixin):
+        raise JobTableError(
+            f"model: {model!r} is not a JobMixin model; declare "
+            "`class MyJob(JobMixin, Base): __tablename__ = ...` and pass the class"
+        )
+    try:
+        table = sa_inspect(model).local_table
+    except NoInspectionAvailable:
+        raise JobTableError(
+            f"model: {model.__name__} uses JobMixin but is not mapped; "
+            "it needs a declarative Base and a __tablename__"
+        ) from None
+    names = {index.name for index in table.indexes}
+    wanted = [claim_index_name(table.name), lease_index_name(table.name), dedupe_index_name(table.name)]
+    missing = [name for name in wanted if name not in names]
+    if missing:
+        raise JobTableError(
+            f"model: {model.__name__} (table {table.name!r}) lacks the job indexes "
+            f"{missing}; its __table_args__ replaced JobMixin's. Keep them with "
+            "`@declared_attr.directive def __table_args__(cls): "
+            "return (*job_table_args(cls.__tablename__), ...)`"
+        )
+    return table

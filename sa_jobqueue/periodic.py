@@ -15,30 +15,30 @@ last tick enqueued. A pass moves that tick forward with a compare-and-set
 upsert in the same transaction as the enqueue; of several workers that see
 the same tick, only the one whose upsert matched enqueues it, and the row is
 kept after the tick's job is done and deleted. See docs/periodic.md.
+
+A schedule itself (:class:`Periodic`, :func:`check_cron`) is defined in
+:mod:`sa_jobqueue.schedule`, which the registry uses; both names are
+importable from here too.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, cast
+from datetime import datetime, timezone
+from typing import Any, cast
 
-from croniter import croniter  # type: ignore[import-untyped]
 from sqlalchemy import DateTime, Engine, String, Table, Text, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from .checks import check_aware, check_interval, check_session
 from .errors import InvalidArgumentError
-from .mixin import DEFAULT_QUEUE
-from .spec import JobSpec, check_aware, check_bool, check_name, check_session, to_row
-
-if TYPE_CHECKING:
-    from .registry import TaskRegistry
-    from .repository import JobRepository
+from .registry import TaskRegistry
+from .repository import JobRepository
+from .schedule import Periodic, check_cron
+from .spec import JobSpec
 
 log = logging.getLogger("sa_jobqueue.periodic")
 
@@ -46,7 +46,6 @@ PERIODIC_TABLE = "sa_jobqueue_periodic"
 # catch_up=True enqueues at most this many missed ticks of one schedule per
 # pass; the next pass goes on from the last one enqueued.
 MAX_CATCH_UP = 100
-_DEDUPE_SEPARATOR = "@"
 
 
 class PeriodicBase(DeclarativeBase):
@@ -74,91 +73,6 @@ def create_periodic_table(bind: Engine | Connection) -> None:
     PeriodicBase.metadata.create_all(bind, checkfirst=True)
 
 
-def check_cron(parameter: str, value: object) -> str:
-    """A cron expression croniter accepts: 5 fields (minute … day of week), 6
-    (the sixth is seconds), or an alias such as ``@hourly``; one that never
-    fires (``0 0 31 2 *``) is refused too."""
-    if not isinstance(value, str):
-        raise InvalidArgumentError(parameter, f"must be a cron expression string, got {type(value).__name__}")
-    expression = " ".join(value.split())
-    fields = len(expression.split(" "))
-    if not expression.startswith("@") and fields not in (5, 6):
-        raise InvalidArgumentError(
-            parameter, f"must have 5 fields (or 6, the last being seconds), got {fields}: {value!r}"
-        )
-    if len(expression) > 255 or not croniter.is_valid(expression):
-        raise InvalidArgumentError(parameter, f"is not a valid cron expression: {value!r}")
-    try:
-        croniter(expression, datetime(2000, 1, 1, tzinfo=timezone.utc)).get_next(datetime)
-    except Exception:
-        raise InvalidArgumentError(parameter, f"never fires: {value!r}") from None
-    return expression
-
-
-def check_interval(parameter: str, value: object) -> float:
-    """A worker's ``periodic_interval``: finite seconds, more than 0 and at most an hour."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgumentError(parameter, f"must be a number of seconds, got {type(value).__name__}")
-    if not (math.isfinite(value) and 0 < value <= 3600):
-        raise InvalidArgumentError(parameter, f"must be more than 0 and at most 3600 seconds, got {value}")
-    return float(value)
-
-
-@dataclass(frozen=True, eq=False)
-class Periodic:
-    """One schedule: enqueue ``task`` with ``payload`` on ``queue`` at every tick of ``cron`` (UTC).
-
-    ``name`` identifies the schedule in ``sa_jobqueue_periodic`` (default: the
-    task's name); two schedules of one task on one queue need distinct names.
-    ``catch_up``: after downtime, enqueue every missed tick (True, at most
-    :data:`MAX_CATCH_UP` per pass) or only the latest due one (False).
-    """
-
-    cron: str
-    task: str
-    name: str
-    payload: Any = None
-    queue: str = DEFAULT_QUEUE
-    catch_up: bool = False
-    priority: int = 0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "cron", check_cron("cron", self.cron))
-        check_name("task", self.task)
-        check_name("name", self.name)
-        check_bool("catch_up", self.catch_up)
-        # The job's own checks (queue, priority, payload), before any tick is due.
-        to_row(JobSpec(task=self.task, payload=self.payload, queue=self.queue, priority=self.priority), frozenset())
-
-    def ticks_after(self, after: datetime, now: datetime, limit: int) -> list[datetime]:
-        """Up to ``limit`` ticks in ``(after, now]``, oldest first."""
-        it = croniter(self.cron, after)
-        ticks: list[datetime] = []
-        while len(ticks) < limit:
-            tick: datetime = it.get_next(datetime)
-            if tick > now:
-                break
-            ticks.append(tick)
-        return ticks
-
-    def latest_tick(self, now: datetime) -> datetime:
-        """The latest tick at or before ``now``."""
-        tick: datetime = croniter(self.cron, now + timedelta(microseconds=1)).get_prev(datetime)
-        return tick
-
-    @staticmethod
-    def tick_of(job: Any) -> datetime | None:
-        """The tick a periodic job was enqueued for (kept in its dedupe key, so
-        retries keep it too); None for a job that is not periodic."""
-        key = getattr(job, "dedupe_key", None)
-        if not isinstance(key, str) or not key.startswith("periodic:") or _DEDUPE_SEPARATOR not in key:
-            return None
-        try:
-            return datetime.fromisoformat(key.rsplit(_DEDUPE_SEPARATOR, 1)[1])
-        except ValueError:
-            return None
-
-
 def _utc(now: object) -> datetime:
     checked = check_aware("now", now)  # type: ignore[arg-type]
     if checked is None:
@@ -181,9 +95,6 @@ class PeriodicScheduler:
         *,
         queues: Sequence[str] | None = None,
     ) -> None:
-        from .registry import TaskRegistry
-        from .repository import JobRepository
-
         if not isinstance(repository, JobRepository):
             raise InvalidArgumentError("repository", "must be a JobRepository")
         entries = schedules.periodic_tasks if isinstance(schedules, TaskRegistry) else list(schedules)
@@ -256,7 +167,7 @@ class PeriodicScheduler:
                 jobs.extend(self.repository.enqueue_many(session, [
                     JobSpec(
                         task=entry.task, payload=entry.payload, queue=entry.queue, priority=entry.priority,
-                        run_at=tick, dedupe_key=f"periodic:{entry.name}{_DEDUPE_SEPARATOR}{tick.isoformat()}",
+                        run_at=tick, dedupe_key=entry.dedupe_key(tick),
                     )
                     for tick in ticks
                 ]))
@@ -281,3 +192,9 @@ class PeriodicScheduler:
                 where=(table.c.last_tick == last) & (table.c.last_tick < insert.excluded.last_tick),
             )
         return session.execute(statement.returning(table.c.name)).first() is not None
+
+
+__all__ = [
+    "MAX_CATCH_UP", "PERIODIC", "PERIODIC_TABLE", "Periodic", "PeriodicBase", "PeriodicScheduler", "PeriodicState",
+    "check_cron", "check_interval", "create_periodic_table",
+]

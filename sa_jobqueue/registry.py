@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, overload
 
+from .checks import check_bool, check_name, check_timeout, positive_int
 from .errors import InvalidArgumentError
 from .mixin import DEFAULT_QUEUE
-from .periodic import Periodic, check_cron
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from .spec import check_bool, check_name, check_timeout, positive_int
+from .schedule import Periodic, check_cron
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -178,7 +178,7 @@ class TaskRegistry:
 
         return decorate
 
-    # -- periodic jobs (see sa_jobqueue/periodic.py, docs/periodic.md) ----
+    # -- periodic jobs (see sa_jobqueue/schedule.py, periodic.py, docs/periodic.md)
 
     def schedule(
         self,

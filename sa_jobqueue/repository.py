@@ -17,37 +17,14 @@ no longer owns, and the single-job ones raise :class:`JobLostError` then.
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Session
 
-from . import bulk, statements
-from .errors import InvalidArgumentError, JobLostError, JobTableError
-from .listener import channel_name
-from .mixin import (
-    CANCELLED,
-    DEAD,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_QUEUE,
-    STATUSES,
-    JobMixin,
-    claim_index_name,
-    dedupe_index_name,
-    lease_index_name,
-)
-from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
-from .snapshot import Snapshots, json_loads
-from .spec import (
-    JobSpec,
+from . import housekeeping, statements
+from .checks import (
     check_aware,
     check_bool,
     check_claimed,
@@ -56,89 +33,28 @@ from .spec import (
     check_job_id,
     check_lease,
     check_older_than,
-    check_policy,
     check_queues,
     check_session,
-    check_specs,
     check_statuses,
     check_task_limits,
     check_worker_name,
     clean_error,
     positive_int,
-    to_row,
 )
-from .statements import cancel_channel_name
+from .claim import DEFAULT_LEASE, Claimer, default_worker_name
+from .enqueue import Enqueuer
+from .errors import InvalidArgumentError, JobLostError
+from .housekeeping import cancel_channel_name
+from .listener import channel_name
+from .mixin import CANCELLED, DEAD, DEFAULT_QUEUE, STATUSES, JobMixin, job_table
+from .reports import LeaseReport, QueueStats, ReapResult
+from .retry import DEFAULT_RETRY_POLICY, RetryPolicy, check_policy
+from .snapshot import Snapshots
+from .spec import JobSpec, check_specs, to_row
 
 M = TypeVar("M", bound=JobMixin)
 
-log = logging.getLogger("sa_jobqueue.repository")
-
 _NO_SYNC = {"synchronize_session": False}
-# session.info key: (transaction, {(channel, queue)}) already notified in it.
-_NOTIFIED = "sa_jobqueue.notified"
-DEFAULT_LEASE = timedelta(seconds=60)
-
-
-def default_worker_name() -> str:
-    """``host:pid:random``: unique per process, readable in ``locked_by``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-@dataclass(frozen=True)
-class ReapResult:
-    """What one reap did: jobs sent back to pending, jobs sent to dead, and
-    jobs cancelled (a cancel was requested while they ran)."""
-
-    requeued: int
-    dead: int
-    cancelled: int = 0
-
-
-@dataclass(frozen=True)
-class LeaseReport:
-    """What one :meth:`JobRepository.extend_leases` found: the ids of the jobs
-    still owned (their leases extended), and those of them whose cancel was
-    requested (a subset of ``owned``)."""
-
-    owned: set[int]
-    cancel_requested: set[int]
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    """Jobs of one queue in one status. ``oldest_runnable_age`` is set for
-    ``pending`` rows: how long the oldest runnable job has been waiting."""
-
-    queue: str
-    status: str
-    count: int
-    oldest_runnable_age: timedelta | None
-
-
-def _job_table_or_raise(model: Any) -> Any:
-    if not isinstance(model, type) or not issubclass(model, JobMixin):
-        raise JobTableError(
-            f"model: {model!r} is not a JobMixin model; declare "
-            "`class MyJob(JobMixin, Base): __tablename__ = ...` and pass the class"
-        )
-    try:
-        table = sa_inspect(model).local_table
-    except NoInspectionAvailable:
-        raise JobTableError(
-            f"model: {model.__name__} uses JobMixin but is not mapped; "
-            "it needs a declarative Base and a __tablename__"
-        ) from None
-    names = {index.name for index in table.indexes}
-    wanted = [claim_index_name(table.name), lease_index_name(table.name), dedupe_index_name(table.name)]
-    missing = [name for name in wanted if name not in names]
-    if missing:
-        raise JobTableError(
-            f"model: {model.__name__} (table {table.name!r}) lacks the job indexes "
-            f"{missing}; its __table_args__ replaced JobMixin's. Keep them with "
-            "`@declared_attr.directive def __table_args__(cls): "
-            "return (*job_table_args(cls.__tablename__), ...)`"
-        )
-    return table
 
 
 class JobRepository(Generic[M]):
@@ -152,7 +68,7 @@ class JobRepository(Generic[M]):
         NOTIFY per transaction and queue on the table's channel, which wakes
         listening workers at commit.
         """
-        table = _job_table_or_raise(model)
+        table = job_table(model)
         self.model = model
         self.table = table
         self.notify = notify
@@ -161,31 +77,22 @@ class JobRepository(Generic[M]):
         self.keep_done: bool = bool(getattr(model, "__keep_done__", False))
         job_columns = {name for name in JobMixin.__annotations__ if not name.startswith("__")}
         self._user_columns = frozenset(c.key for c in table.columns if c.key not in job_columns)
+        #: Builds detached snapshots of this table's rows (:mod:`sa_jobqueue.snapshot`):
+        #: select its ``columns`` and hand the rows to its ``all``.
+        self.snapshots: Snapshots[M] = Snapshots(model, table)
+        self._enqueuer = Enqueuer(model, table, self.snapshots, channel=self.channel, copy=not self._user_columns)
+        self._claimer = Claimer(model, self.snapshots)
         # Statements are values: built once, reused with new parameters, so the
         # hot path skips construction and hits SQLAlchemy's compiled cache.
-        self._snapshots: Snapshots[M] = Snapshots(model, table)
-        returned = self._snapshots.columns
-        self._claim = statements.claim(model).returning(*self._snapshots.text_columns)
         self._complete = statements.complete(model, keep_done=self.keep_done)
+        self._complete_many = statements.complete_many(model, keep_done=self.keep_done)
         self._fail = statements.fail(model)
         self._heartbeat = statements.heartbeat(model)
         self._hand_back = statements.hand_back(model)
         self._mark_cancelled = statements.mark_cancelled(model)
-        self._bury = statements.bury(model)
-        self._reap = statements.reap(model)
-        self._cancel = statements.cancel(model)
-        self._retry = statements.retry(model)
-        self._insert = statements.insert_jobs(model, dedupe=False).returning(
-            *returned, sort_by_parameter_order=True
-        )
-        self._insert_dedupe = statements.insert_jobs(model, dedupe=True).returning(*returned)
-        self._insert_one = statements.insert_jobs(model, dedupe=False).returning(*returned)
-        self._insert_one_notify = statements.insert_jobs(model, dedupe=False).returning(
-            *returned, statements.notify_column(model)
-        )
-        self._complete_many = statements.complete_many(model, keep_done=self.keep_done)
-        self._notify = statements.notify()
-        self._sequence: str | None = None  # the id sequence, read at the first COPY
+        self._reap = housekeeping.reap(model)
+        self._cancel = housekeeping.cancel(model)
+        self._retry = housekeeping.retry(model)
 
     def __repr__(self) -> str:
         return f"JobRepository({self.model.__name__})"
@@ -221,22 +128,16 @@ class JobRepository(Generic[M]):
             task=task, payload=payload, queue=queue, priority=priority, run_at=run_at,
             delay=delay, max_attempts=max_attempts, dedupe_key=dedupe_key, extra=extra or {},
         )
-        if dedupe_key is not None:
-            return self.enqueue_many(session, [spec])[0]
-        # One row: a plain INSERT … RETURNING, with the NOTIFY folded into the
-        # same statement when this transaction has not notified the queue yet.
         row = to_row(spec, self._user_columns)
-        notify = self.notify and _runnable_now(row) and row["queue"] not in self._notified(session)
-        if not notify:
-            return self._snapshots.one(session.execute(self._insert_one, row).one())
-        inserted = session.execute(self._insert_one_notify, row | {"sajq_channel": self.channel}).one()
-        self._mark_notified(session, [row["queue"]])
-        return self._snapshots.one(inserted)
+        if dedupe_key is not None:
+            return self._enqueuer.many(session, [row], notify=self.notify)[0]
+        return self._enqueuer.one(session, row, notify=self.notify)
 
     def enqueue_many(self, session: Session, jobs: Iterable[JobSpec]) -> list[M]:
         """Insert many jobs, one INSERT per group of like rows (batched by
-        SQLAlchemy's insertmanyvalues), and return them (detached snapshots)
-        in input order.
+        SQLAlchemy's insertmanyvalues, or COPY for plain rows, see
+        :mod:`sa_jobqueue.bulk`), and return them (detached snapshots) in
+        input order.
 
         Every spec is checked before anything is sent. Rows with a dedupe key
         that a live job holds (or that an earlier row of this call holds)
@@ -246,82 +147,7 @@ class JobRepository(Generic[M]):
         """
         check_session(session)
         rows = [to_row(spec, self._user_columns) for spec in check_specs(jobs)]
-        result: list[M | None] = [None] * len(rows)
-        # Keyed rows in one global order (no deadlock between producers), see bulk.write_order.
-        for dedupe, indexes in bulk.write_order(rows):
-            params = [rows[i] for i in indexes]
-            if not dedupe:
-                copied = self._copy(session, params)
-                if copied is not None:
-                    for i, job in zip(indexes, copied, strict=True):
-                        result[i] = job
-                    continue
-                inserted_rows = session.execute(self._insert, params).all()
-                for i, job in zip(indexes, self._snapshots.all(inserted_rows), strict=True):
-                    result[i] = job
-                continue
-            inserted = self._snapshots.all(session.execute(self._insert_dedupe, params).all())
-            by_key = {(job.queue, job.dedupe_key): job for job in inserted}
-            wanted = {(row["queue"], row["dedupe_key"]) for row in params} - set(by_key)
-            if wanted:
-                existing = self._snapshots.all(session.execute(
-                    statements.live_jobs_by_dedupe_key(
-                        self.model, self._snapshots.columns, [q for q, _ in wanted], [k for _, k in wanted]
-                    )
-                ).all())
-                by_key.update({(job.queue, job.dedupe_key): job for job in existing})
-            for i in indexes:
-                found = by_key.get((rows[i]["queue"], rows[i]["dedupe_key"]))
-                if found is None:
-                    # The live holder finished between our INSERT and SELECT;
-                    # the key is free again, so this row goes in after all.
-                    found = self.enqueue_many(session, [_respec(rows[i])])[0]
-                    by_key[(found.queue, found.dedupe_key)] = found
-                result[i] = found
-        if self.notify:
-            self._notify_once(session, rows)
-        return [job for job in result if job is not None]
-
-    def _copy(self, session: Session, rows: list[dict[str, Any]]) -> list[M] | None:
-        """COPY plain rows when COPY can stand in for the INSERT (see :mod:`sa_jobqueue.bulk`)."""
-        if len(rows) < bulk.COPY_THRESHOLD or self._user_columns:
-            return None
-        conn = bulk.driver_connection(session)
-        if conn is None:
-            return None
-        if self._sequence is None:
-            self._sequence = bulk.sequence_of(session, self.table)
-        stored = bulk.copy_rows(session, conn, self.table, self._sequence, rows)
-        return [self._snapshots.of(values) for values in stored]
-
-    def _notify_once(self, session: Session, rows: list[dict[str, Any]]) -> None:
-        """NOTIFY the queues of runnable rows not yet notified in this transaction.
-
-        Future-scheduled jobs send nothing: polling picks them up on time.
-        """
-        self._notify_queues(session, {row["queue"] for row in rows if _runnable_now(row)})
-
-    def _notify_queues(self, session: Session, queues: set[str]) -> None:
-        """NOTIFY the ``queues`` not yet notified in this transaction, in one statement."""
-        fresh = sorted(queues - self._notified(session))
-        if fresh:
-            session.execute(self._notify, {"channel": self.channel, "queues": fresh})
-            self._mark_notified(session, fresh)
-
-    def _notified(self, session: Session) -> set[str]:
-        """The queues of this table already notified in the session's transaction."""
-        seen: tuple[object, set[tuple[str, str]]] | None = session.info.get(_NOTIFIED)
-        if seen is None or seen[0] is not session.get_transaction():
-            return set()
-        return {queue for channel, queue in seen[1] if channel == self.channel}
-
-    def _mark_notified(self, session: Session, queues: Iterable[str]) -> None:
-        transaction = session.get_transaction()
-        seen: tuple[object, set[tuple[str, str]]] | None = session.info.get(_NOTIFIED)
-        if seen is None or seen[0] is not transaction:
-            seen = (transaction, set())
-            session.info[_NOTIFIED] = seen
-        seen[1].update((self.channel, queue) for queue in queues)
+        return self._enqueuer.many(session, rows, notify=self.notify)
 
     # -- claim and the fenced verbs --------------------------------------
 
@@ -358,24 +184,7 @@ class JobRepository(Generic[M]):
             "queues": check_queues(queues), "limit": limit,
             "worker": worker or default_worker_name(), "lease": lease,
         }
-        loads = json_loads(session.get_bind(self.model).dialect)
-        while True:
-            jobs, failed = self._snapshots.decode(session.execute(self._claim, params).all(), loads)
-            if not failed:
-                break
-            self._bury_undecodable(session, failed)  # each round takes rows off the queue for good
-            if jobs:
-                break
-        jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
-        return jobs
-
-    def _bury_undecodable(self, session: Session, failed: list[tuple[M, str]]) -> None:
-        """Send claimed jobs whose payload cannot be decoded to dead, in one fenced statement."""
-        errors = [clean_error(f"payload cannot be decoded: {error}") for _, error in failed]
-        params = {"ids": [j.id for j, _ in failed], "tokens": [j.lock_token for j, _ in failed], "errors": errors}
-        session.execute(self._bury, params, execution_options=_NO_SYNC)
-        for (job, _), error in zip(failed, errors, strict=True):
-            log.warning("%s %s (%s) sent to dead: %s", self.model.__name__, job.id, job.task, error[:500])
+        return self._claimer.claim(session, params)
 
     def complete(self, session: Session, job: M) -> None:
         """Finish a claimed job: delete it, or mark it ``done`` when the model
@@ -476,7 +285,7 @@ class JobRepository(Generic[M]):
         params = {"ids": [j.id for j in jobs], "tokens": [j.lock_token for j in jobs]}
         rows = session.execute(self._hand_back, params, execution_options=_NO_SYNC).all()
         if self.notify:
-            self._notify_queues(session, {r.queue for r in rows if r.status != CANCELLED})
+            self._enqueuer.notify_queues(session, {r.queue for r in rows if r.status != CANCELLED})
         return {r.id for r in rows}
 
     def mark_cancelled(self, session: Session, job: M, reason: str = "cancelled while running") -> None:
@@ -529,7 +338,8 @@ class JobRepository(Generic[M]):
         return session.execute(self._cancel, params, execution_options=_NO_SYNC).first() is not None
 
     def retry(self, session: Session, job_id: int) -> bool:
-        """Send a dead or cancelled job back to pending now.
+        """Send a dead or cancelled job back to pending now, with one more
+        attempt whatever its limit (see :func:`sa_jobqueue.housekeeping.retry`).
 
         Return False if the job is neither dead nor cancelled, or if another
         live job of its queue holds its dedupe key (retrying would duplicate it).
@@ -550,7 +360,7 @@ class JobRepository(Generic[M]):
         check_session(session)
         statuses = check_statuses(statuses)
         older_than = check_older_than(older_than)
-        stmt = statements.purge(
+        stmt = housekeeping.purge(
             self.model, statuses=list(statuses), older_than=older_than, limit=positive_int("limit", limit)
         )
         return int(session.execute(stmt, execution_options=_NO_SYNC).rowcount)  # type: ignore[attr-defined]
@@ -558,24 +368,23 @@ class JobRepository(Generic[M]):
     def stats(self, session: Session) -> list[QueueStats]:
         """Job counts per queue and status, with the oldest runnable job's age."""
         check_session(session)
-        rows = session.execute(statements.stats(self.model)).all()
+        rows = session.execute(housekeeping.stats(self.model)).all()
         return [QueueStats(r.queue, r.status, int(r[2]), r.oldest_runnable_age) for r in rows]
 
 
-def _runnable_now(row: dict[str, Any]) -> bool:
-    """Whether a checked row is runnable at once (no delay, no future run_at)."""
-    return not row["delay"] and (row["run_at"] is None or row["run_at"] <= datetime.now(timezone.utc))
-
-
-def _respec(row: dict[str, Any]) -> JobSpec:
-    core = {"task", "payload", "queue", "priority", "run_at", "delay", "max_attempts", "dedupe_key"}
-    fields = {k: row[k] for k in core}
-    if fields["run_at"] is not None:
-        fields["delay"] = None
-    return JobSpec(**fields, extra={k: v for k, v in row.items() if k not in core})
+def check_repositories(value: object) -> list[JobRepository[Any]]:
+    """A worker's ``repositories``: one JobRepository or a non-empty sequence of them."""
+    if isinstance(value, JobRepository):
+        return [value]
+    if not isinstance(value, (Sequence, set, frozenset)) or isinstance(value, str):
+        raise InvalidArgumentError("repositories", f"give one or more JobRepository, got {type(value).__name__}")
+    repos = list(value)
+    if not repos or not all(isinstance(r, JobRepository) for r in repos):
+        raise InvalidArgumentError("repositories", "give one or more JobRepository")
+    return repos
 
 
 __all__ = [
-    "JobRepository", "LeaseReport", "QueueStats", "ReapResult", "STATUSES", "cancel_channel_name",
-    "default_worker_name",
+    "DEFAULT_LEASE", "JobRepository", "LeaseReport", "QueueStats", "ReapResult", "STATUSES", "cancel_channel_name",
+    "check_repositories", "default_worker_name",
 ]

@@ -12,8 +12,8 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 
+from .checks import SCHEDULE_HORIZON
 from .errors import InvalidArgumentError
-from .spec import SCHEDULE_HORIZON
 
 
 def _real(parameter: str, value: object) -> float:
@@ -79,3 +79,10 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY_POLICY = RetryPolicy()
+
+
+def check_policy(value: object) -> RetryPolicy:
+    """``fail(policy=…)``: a RetryPolicy."""
+    if not isinstance(value, RetryPolicy):
+        raise InvalidArgumentError("policy", f"must be a RetryPolicy, got {type(value).__name__}")
+    return value

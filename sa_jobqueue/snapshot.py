@@ -16,10 +16,11 @@ What a caller may rely on:
   or ``session.add(job)`` attaches the snapshot itself when wanted.
 
 A claim reads the payload as JSON text and decodes it here, row by row
-(:meth:`Snapshots.decode`), with the JSON decoder the driver would use: a row
-whose payload the client cannot decode (nested deeper than Python's
-recursion limit, an integer longer than Python converts) then fails alone,
-instead of failing the fetch of the whole batch after the claim took it.
+(:meth:`Snapshots.decode`), with the JSON decoder the driver would use
+(:func:`json_loads`): a row whose payload the client cannot decode (nested
+deeper than Python's recursion limit, an integer longer than Python
+converts) then fails alone, instead of failing the fetch of the whole batch
+after the claim took it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Column, ColumnElement, Dialect, Table, Text, cast
+import psycopg
+from psycopg.pq import Format
+from sqlalchemy import JSON, Column, ColumnElement, Connection, Table, Text, cast
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import configure_mappers
 from sqlalchemy.orm.attributes import instance_dict, instance_state
@@ -36,18 +39,33 @@ from sqlalchemy.orm.attributes import instance_dict, instance_state
 M = TypeVar("M")
 
 JsonLoads = Callable[[str], Any]
+_JSON_LOADS: JsonLoads = json.loads
 
 
-def json_loads(dialect: Dialect) -> JsonLoads:
-    """How ``dialect`` decodes JSON text: :func:`json.loads` (every PostgreSQL
-    driver's default), or the engine's ``json_deserializer`` when one was
-    given, called as that driver calls it (psycopg 3 hands it bytes)."""
-    custom: Callable[[Any], Any] | None = getattr(dialect, "_json_deserializer", None)
-    if custom is None:
-        return json.loads
-    if dialect.driver == "psycopg":
-        return lambda text: custom(text.encode())
-    return custom
+def json_loads(connection: Connection) -> JsonLoads:
+    """How ``connection``'s driver decodes a ``jsonb`` value, as a function of its JSON text.
+
+    On psycopg 3: the loader the connection itself uses for ``jsonb`` (the
+    engine's ``json_deserializer`` when one was given, which SQLAlchemy
+    installs there), fed what psycopg feeds it, the text's bytes; when that
+    loader is psycopg's default, :func:`json.loads` on the text itself (the
+    same result, without the encoding). Other drivers: SQLAlchemy's own
+    result processing of a JSON column, which applies the engine's
+    ``json_deserializer`` (default :func:`json.loads`) to the text, as
+    psycopg2 does.
+    """
+    raw = connection.connection.driver_connection
+    if isinstance(raw, psycopg.Connection):
+        jsonb = raw.adapters.types.get("jsonb")
+        loader_type = None if jsonb is None else raw.adapters.get_loader(jsonb.oid, Format.TEXT)
+        if jsonb is not None and loader_type is not None:
+            loader = loader_type(jsonb.oid, raw)
+            if getattr(loader, "loads", None) is json.loads:
+                return _JSON_LOADS
+            load = loader.load
+            return lambda text: load(text.encode())
+    processor = JSON().result_processor(connection.dialect, None)
+    return _JSON_LOADS if processor is None else processor
 
 
 class Snapshots(Generic[M]):

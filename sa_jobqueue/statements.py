@@ -1,8 +1,12 @@
-"""Every SQL statement of the queue, as functions returning SQLAlchemy constructs.
+"""The statements of a job's way through the queue, as functions returning SQLAlchemy constructs.
 
-Nothing here runs anything: :mod:`sa_jobqueue.repository` executes these on
-a session it is given, and the tests compile them to check their shape. Each
-function takes the mapped job model. All are Core statements on the table:
+Insert, claim, then the fenced writes of the claim's owner (complete, fail,
+heartbeat, hand back, mark cancelled, bury), and the NOTIFY of an enqueue;
+the fences and the status literals here are shared with the housekeeping
+statements (:mod:`sa_jobqueue.housekeeping`: reap, cancel, retry, purge,
+stats). Nothing here runs anything: :mod:`sa_jobqueue.repository` executes
+these on a session it is given, and the tests compile them to check their
+shape. Each function takes the mapped job model. All are Core statements on the table:
 the ORM's bulk-DML bookkeeping and loading cost more than the statement on
 the hot paths. The verbs that hand jobs back (insert, claim) add the
 snapshot columns to RETURNING (:mod:`sa_jobqueue.snapshot`); the claim reads
@@ -16,7 +20,6 @@ must match: a generic plan of a prepared statement cannot prove that
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -36,7 +39,6 @@ from sqlalchemy import (
     any_,
     bindparam,
     case,
-    cast,
     column,
     delete,
     func,
@@ -46,17 +48,18 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
+from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.types import Boolean, DateTime, Uuid
 
-from .listener import CHANNEL_PREFIX
 from .mixin import CANCELLED, DEAD, DEDUPE_PREDICATE, DEFAULT_MAX_ATTEMPTS, DONE, PENDING, RUNNING
 
-_PENDING: ColumnElement[str] = literal_column(f"'{PENDING}'")
-_RUNNING: ColumnElement[str] = literal_column(f"'{RUNNING}'")
+# The statuses as SQL literals, for predicates a partial index must match.
+PENDING_LITERAL: ColumnElement[str] = literal_column(f"'{PENDING}'")
+RUNNING_LITERAL: ColumnElement[str] = literal_column(f"'{RUNNING}'")
 
-# Columns a claim, a fail or a reap clears: the job is no longer owned.
-def _released() -> dict[str, Any]:
+
+def released() -> dict[str, Any]:
+    """The columns a fail, a hand back or a reap clears: the job is no longer owned."""
     return {"locked_at": None, "locked_by": None, "lease_expires_at": None, "lock_token": None}
 
 
@@ -67,7 +70,7 @@ def _owned_many(t: Table) -> Any:
     return and_(
         t.c.id == any_(bindparam("ids", type_=ARRAY(t.c.id.type))),
         t.c.lock_token == any_(bindparam("tokens", type_=ARRAY(Uuid()))),
-        t.c.status == _RUNNING,
+        t.c.status == RUNNING_LITERAL,
     )
 
 
@@ -79,8 +82,8 @@ def attempts_limit(t: Table, task_limit: ColumnElement[Any]) -> ColumnElement[in
     return func.coalesce(t.c.max_attempts, task_limit, literal_column(str(DEFAULT_MAX_ATTEMPTS), Integer()))
 
 
-def _cancel_requested(t: Table) -> Any:
-    """A cancel was asked for while the job ran (see :func:`cancel`)."""
+def cancel_requested(t: Table) -> Any:
+    """A cancel was asked for while the job ran (see :func:`sa_jobqueue.housekeeping.cancel`)."""
     return t.c.cancel_requested_at.is_not(None)
 
 
@@ -137,7 +140,7 @@ def claim(model: Any) -> Update:
     picked = (
         select(t.c.id)
         .where(
-            t.c.status == _PENDING,
+            t.c.status == PENDING_LITERAL,
             t.c.queue == any_(bindparam("queues", type_=ARRAY(String))),
             t.c.run_at <= func.now(),
         )
@@ -166,7 +169,7 @@ def _owned(t: Table) -> Any:
     return and_(
         t.c.id == bindparam("job_id"),
         t.c.lock_token == bindparam("token", type_=Uuid()),
-        t.c.status == _RUNNING,
+        t.c.status == RUNNING_LITERAL,
     )
 
 
@@ -197,12 +200,12 @@ def fail(model: Any) -> Update:
     t: Table = model.__table__
     limit = attempts_limit(t, bindparam("task_limit", type_=Integer()))
     dead = or_(bindparam("discard", type_=Boolean()), t.c.attempts >= limit)
-    ends = or_(dead, _cancel_requested(t))
+    ends = or_(dead, cancel_requested(t))
     return (
         update(t)
         .where(_owned(t))
         .values(
-            status=case((_cancel_requested(t), CANCELLED), (dead, DEAD), else_=PENDING),
+            status=case((cancel_requested(t), CANCELLED), (dead, DEAD), else_=PENDING),
             run_at=case(
                 (ends, t.c.run_at),
                 else_=func.coalesce(
@@ -212,7 +215,7 @@ def fail(model: Any) -> Update:
             ),
             finished_at=case((ends, func.now()), else_=None),
             last_error=bindparam("error"),
-            **_released(),
+            **released(),
         )
         .returning(t.c.status, t.c.run_at)
     )
@@ -230,7 +233,7 @@ def heartbeat(model: Any) -> Update:
         update(t)
         .where(_owned_many(t))
         .values(lease_expires_at=func.now() + bindparam("lease", type_=Interval()))
-        .returning(t.c.id, _cancel_requested(t).label("cancel_requested"))
+        .returning(t.c.id, cancel_requested(t).label("cancel_requested"))
     )
 
 
@@ -248,10 +251,10 @@ def hand_back(model: Any) -> Update:
         update(t)
         .where(_owned_many(t))
         .values(
-            status=case((_cancel_requested(t), CANCELLED), else_=PENDING),
+            status=case((cancel_requested(t), CANCELLED), else_=PENDING),
             attempts=t.c.attempts - 1,
-            finished_at=case((_cancel_requested(t), func.now()), else_=None),
-            **_released(),
+            finished_at=case((cancel_requested(t), func.now()), else_=None),
+            **released(),
         )
         .returning(t.c.id, t.c.queue, t.c.status)
     )
@@ -264,7 +267,7 @@ def mark_cancelled(model: Any) -> Update:
     return (
         update(t)
         .where(_owned(t))
-        .values(status=CANCELLED, finished_at=func.now(), last_error=bindparam("error"), **_released())
+        .values(status=CANCELLED, finished_at=func.now(), last_error=bindparam("error"), **released())
         .returning(t.c.id)
     )
 
@@ -289,149 +292,10 @@ def bury(model: Any) -> Update:
     )
     return (
         update(t)
-        .where(t.c.id == given.c.job_id, t.c.lock_token == given.c.token, t.c.status == _RUNNING)
-        .values(status=DEAD, finished_at=func.now(), last_error=given.c.error, **_released())
+        .where(t.c.id == given.c.job_id, t.c.lock_token == given.c.token, t.c.status == RUNNING_LITERAL)
+        .values(status=DEAD, finished_at=func.now(), last_error=given.c.error, **released())
         .returning(t.c.id)
     )
-
-
-def reap(model: Any) -> Update:
-    """Return running jobs whose lease expired to pending, or to dead when out of
-    attempts, or to cancelled when a cancel of them was requested.
-
-    The expired rows are locked with SKIP LOCKED in a CTE, so several workers
-    may reap at once: each row is reaped by one of them, and a job whose
-    worker is finishing it right now (row locked) is left alone.
-    Parameters: ``limit``, and ``task_limits``: a JSON object of task name to
-    max attempts, the limit of the jobs of those tasks enqueued without one
-    (:func:`attempts_limit`; a worker passes its tasks' own limits, so a
-    crash-looping job dies by the same rule as a failing one).
-    """
-    t: Table = model.__table__
-    expired = (
-        select(t.c.id)
-        .where(t.c.status == _RUNNING, t.c.lease_expires_at < func.now())
-        .order_by(t.c.lease_expires_at)
-        .limit(bindparam("limit"))
-        .with_for_update(skip_locked=True)
-        .cte("expired")
-    )
-    task_limit = bindparam("task_limits", type_=JSONB()).op("->>")(t.c.task)
-    dead = t.c.attempts >= attempts_limit(t, cast(task_limit, Integer()))
-    return (
-        update(t)
-        .where(t.c.id == expired.c.id)
-        .values(
-            status=case((_cancel_requested(t), CANCELLED), (dead, DEAD), else_=PENDING),
-            # run_at is kept: a crashed attempt's job goes back to its place
-            # in the queue, not behind the whole backlog.
-            finished_at=case((or_(dead, _cancel_requested(t)), func.now()), else_=None),
-            last_error=func.concat(
-                case((_cancel_requested(t), "cancelled while running: "), else_=""),
-                "lease expired at attempt ", t.c.attempts, " (worker ",
-                func.coalesce(t.c.locked_by, "unknown"), ")",
-            ),
-            **_released(),
-        )
-        .returning(t.c.id, t.c.status)
-    )
-
-
-def cancel_channel_name(table_name: str) -> str:
-    """The NOTIFY channel of a job table's cancel requests (``JobRepository.cancel_channel``);
-    each notification's payload is the id of a running job whose cancel was requested.
-
-    The ``:`` keeps it apart from every table's wake-up channel
-    (:func:`~sa_jobqueue.listener.channel_name`: no plain identifier holds a
-    ``:``); quote the name in a hand-written ``LISTEN``. It fits PostgreSQL's
-    63 bytes for the longest job table name.
-    """
-    return f"{CHANNEL_PREFIX}cancel:{table_name}"
-
-
-def cancel(model: Any) -> Update:
-    """Cancel a pending job at once, or request the cancel of a running one.
-
-    A pending job becomes ``cancelled``. A running job stays running with
-    ``cancel_requested_at`` set (the first request's time is kept), and the
-    statement sends ``pg_notify(:cancel_channel, id)`` so that a listening
-    worker learns of it at once; NOTIFY is transactional, so it is heard
-    when the caller commits. Returns the id and the new status; no row when
-    the job is neither pending nor running. Parameters: ``job_id``,
-    ``cancel_channel``.
-    """
-    t: Table = model.__table__
-    pending = t.c.status == _PENDING
-    notify = func.pg_notify(bindparam("cancel_channel", type_=String()), cast(t.c.id, Text()))
-    return (
-        update(t)
-        .where(t.c.id == bindparam("job_id"), t.c.status.in_((PENDING, RUNNING)))
-        .values(
-            status=case((pending, CANCELLED), else_=t.c.status),
-            finished_at=case((pending, func.now()), else_=t.c.finished_at),
-            cancel_requested_at=case(
-                (pending, t.c.cancel_requested_at), else_=func.coalesce(t.c.cancel_requested_at, func.now())
-            ),
-        )
-        # In RETURNING, status is the new one: still running means requested.
-        .returning(t.c.id, t.c.status, case((t.c.status == _RUNNING, notify)).label("notified"))
-    )
-
-
-def retry(model: Any) -> Update:
-    """Send a dead or cancelled job back to pending, runnable now.
-
-    Attempts are kept (history). A job enqueued with a limit has its
-    ``max_attempts`` raised to ``attempts + 1`` when needed; one enqueued
-    without keeps none (NULL), so its task's limit still applies. Either way
-    the job gets one more attempt: the claim counts and hands out an attempt
-    whatever the limit, and only a failure after it compares attempts with
-    the limit. A cancel request of an
-    earlier run is cleared: the new run starts without one. A job whose
-    dedupe key is held by another live job stays as it is (the statement
-    matches no row). Parameter: ``job_id``.
-    """
-    t: Table = model.__table__
-    holder = t.alias("holder")
-    key_taken = (
-        select(holder.c.id)
-        .where(
-            holder.c.queue == t.c.queue,
-            holder.c.dedupe_key == t.c.dedupe_key,
-            holder.c.status.in_((PENDING, RUNNING)),
-        )
-        .exists()
-    )
-    return (
-        update(t)
-        .where(t.c.id == bindparam("job_id"), t.c.status.in_((DEAD, CANCELLED)), ~key_taken)
-        .values(
-            status=PENDING,
-            run_at=func.now(),
-            finished_at=None,
-            cancel_requested_at=None,
-            max_attempts=case(
-                (t.c.max_attempts.is_not(None), func.greatest(t.c.max_attempts, t.c.attempts + 1)), else_=None
-            ),
-        )
-        .returning(t.c.id)
-    )
-
-
-def purge(model: Any, *, statuses: Sequence[str], older_than: timedelta, limit: int) -> Delete:
-    """Delete up to ``limit`` finished jobs older than ``older_than``, in one bounded batch."""
-    t: Table = model.__table__
-    batch = (
-        select(t.c.id)
-        .where(
-            t.c.status.in_(list(statuses)),
-            t.c.finished_at < func.now() - bindparam("older_than", older_than, type_=Interval()),
-        )
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    return delete(t).where(t.c.id == any_(func.array(batch.scalar_subquery())))
-
 
 def notify() -> TextClause:
     """``pg_notify`` once per queue (parameters ``channel``, ``queues``).
@@ -470,20 +334,4 @@ def complete_many(model: Any, *, keep_done: bool) -> Update | Delete:
         .where(owned)
         .values(status=DONE, finished_at=func.now(), lease_expires_at=None, lock_token=None)
         .returning(t.c.id)
-    )
-
-
-def stats(model: Any) -> Select[Any]:
-    """Jobs per queue and status, with the age of the oldest runnable job."""
-    t: Table = model.__table__
-    runnable = and_(t.c.status == PENDING, t.c.run_at <= func.now())
-    return (
-        select(
-            t.c.queue,
-            t.c.status,
-            func.count().label("count"),
-            func.max(func.now() - t.c.run_at).filter(runnable).label("oldest_runnable_age"),
-        )
-        .group_by(t.c.queue, t.c.status)
-        .order_by(t.c.queue, t.c.status)
     )

@@ -31,11 +31,11 @@ from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
+from .checks import check_bool, check_name, check_queues, check_session, positive_int
 from .errors import InvalidArgumentError, JobQueueError, RetryJob
 from .mixin import DEAD, PENDING, STATUSES, JobMixin
 from .registry import TaskRegistry
-from .repository import JobRepository
-from .spec import check_bool, check_name, check_queues, check_repositories, check_session, positive_int
+from .repository import JobRepository, check_repositories
 from .urls import psycopg_url
 from .worker import Worker, WorkerResult
 from .worker.failures import failure_of, record_failure, refuse_awaitable
@@ -178,7 +178,7 @@ def enqueued(
     check_session(session)
     repo = _check_repository(repository)
     t = repo.table
-    stmt = select(*repo._snapshots.columns).order_by(t.c.id)
+    stmt = select(*repo.snapshots.columns).order_by(t.c.id)
     queues = _optional_queues(queue)
     if queues is not None:
         stmt = stmt.where(t.c.queue.in_(queues))
@@ -190,7 +190,7 @@ def enqueued(
         if bad or not statuses:
             raise InvalidArgumentError("status", f"name statuses among {', '.join(STATUSES)}, got {statuses!r}")
         stmt = stmt.where(t.c.status.in_(statuses))
-    result: list[M] = repo._snapshots.all(session.execute(stmt).all())
+    result: list[M] = repo.snapshots.all(session.execute(stmt).all())
     return result
 
 

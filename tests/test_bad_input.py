@@ -242,8 +242,9 @@ ENQUEUE = [
     *(
         _enqueue_row({"max_attempts": value}, "max_attempts", id=f"max_attempts-{label}")
         for label, value in [
+            # None is no limit of the job's own (its task's applies): tests/test_max_attempts.py.
             ("zero", 0), ("negative", -3), ("above-int", 2**31), ("nan", math.nan), ("str", "3"),
-            ("bool", True), ("none", None),
+            ("bool", True), ("float", 3.0),
         ]
     ),
     # run_at: naive, far future, far past, wrong types

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import json
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,16 +15,10 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import QueuePool
+from waiting import wait_for
 
 from sa_jobqueue import InvalidArgumentError
 from sa_jobqueue.connections import is_fatal_to_connection, own_session, raw_connect, worker_engine
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @contextmanager
@@ -173,7 +166,7 @@ def test_disposing_the_worker_engine_leaves_the_apps_pool_alone(db_url: URL, eng
         with own.connect() as conn:
             own_pid = _pid(conn)
         own.dispose()
-        _wait_for(lambda: not _backend_exists(engine, own_pid), 30, "the worker connection's backend to exit")
+        wait_for(lambda: not _backend_exists(engine, own_pid), 30, "the worker connection's backend to exit")
         assert isinstance(app.pool, QueuePool) and app.pool.checkedin() == 1
         with app.connect() as conn:  # the app's pooled connection is still there, and works
             assert _pid(conn) == app_pid
@@ -291,7 +284,7 @@ def test_a_terminated_backend_is_replaced_on_the_next_use(db_url: URL, engine: E
             pid = _pid(conn)
         with engine.connect() as admin:
             assert admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar()
-        _wait_for(lambda: not _backend_exists(engine, pid), 30, "the terminated backend to exit")
+        wait_for(lambda: not _backend_exists(engine, pid), 30, "the terminated backend to exit")
 
         with pytest.raises(DBAPIError) as failed, own.connect() as conn:
             conn.execute(text("SELECT 1"))  # the pooled connection: its server is gone

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -286,6 +287,37 @@ def test_revision_0003_adds_cancel_requested_at_to_a_table_with_jobs(create_data
     assert query(url, f"SELECT status, cancel_requested_at IS NOT NULL FROM {DEFAULT_TABLE} ORDER BY id") == [
         ("running", False), ("running", True),
     ]
+
+
+def test_revision_0003_keeps_stored_limits_and_its_downgrade_stores_20_in_unset_ones(
+    create_database: Callable[[], URL],
+) -> None:
+    """``max_attempts`` becomes nullable without a default: rows written before
+    keep their limit (they count as given at enqueue), jobs enqueued without
+    one store NULL, and the downgrade gives those the old default back."""
+    url = create_database()
+    alembic_cli("upgrade", "0002", cwd=REPO, database_url=url)
+    previous = snapshot(url, [DEFAULT_TABLE])
+    execute(url, f"INSERT INTO {DEFAULT_TABLE} (task) VALUES ('old')",
+            f"INSERT INTO {DEFAULT_TABLE} (task, max_attempts) VALUES ('old-3', 3)")
+    alembic_cli("upgrade", "head", cwd=REPO, database_url=url)
+
+    assert ("max_attempts", "integer", None, "YES", None, "NO", None) in columns(url, DEFAULT_TABLE)
+    engine = create_engine(url)
+    try:
+        with Session(engine) as session, session.begin():
+            repo = JobRepository(Job)
+            assert repo.enqueue(session, "new").max_attempts is None
+            assert repo.enqueue(session, "new-5", max_attempts=5).max_attempts == 5
+    finally:
+        engine.dispose()
+    by_task = f"SELECT task, max_attempts FROM {DEFAULT_TABLE} ORDER BY id"
+    assert query(url, by_task) == [("old", 20), ("old-3", 3), ("new", None), ("new-5", 5)]
+    assert_no_drift(REPO, url)
+
+    alembic_cli("downgrade", "0002", cwd=REPO, database_url=url)
+    assert query(url, by_task) == [("old", 20), ("old-3", 3), ("new", 20), ("new-5", 5)]
+    assert snapshot(url, [DEFAULT_TABLE]) == previous
 
 
 def test_check_reports_real_drift(create_database: Callable[[], URL]) -> None:
@@ -590,23 +622,32 @@ def test_user_environment_autogenerate_upgrade_rename(
     )
 
 
-def test_user_job_tables_of_the_previous_version_get_cancel_requested_at_by_autogenerate(
+def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the_documented_edits(
     user_project: Path, create_database: Callable[[], URL]
 ) -> None:
-    """docs/alembic.md: your own job tables need ``cancel_requested_at`` too, and
-    autogenerate writes it. The previous version's tables are today's without it."""
+    """docs/alembic.md: your own job tables need ``cancel_requested_at`` and a
+    nullable ``max_attempts`` without a default too; autogenerate writes both
+    but the default's drop, which the docs say to add, with a downgrade. The
+    previous version's tables are today's without the column, with ``max_attempts
+    NOT NULL DEFAULT 20``."""
     url = create_database()
     alembic_cli(
         "revision", "--autogenerate", "--rev-id", "u0001", "-m", "jobs",
         cwd=user_project, database_url=url,
     )
     (first,) = (user_project / "alembic" / "versions").glob("u0001_*.py")
-    first.write_text(first.read_text().replace(
+    previous = first.read_text().replace(
         "    sa.Column('cancel_requested_at', sa.DateTime(timezone=True), nullable=True),\n", ""
-    ))
-    assert "cancel_requested_at" not in first.read_text()
+    ).replace(
+        "sa.Column('max_attempts', sa.Integer(), nullable=True)",
+        "sa.Column('max_attempts', sa.Integer(), server_default=sa.text('20'), nullable=False)",
+    )
+    assert "cancel_requested_at" not in previous and "server_default=sa.text('20')" in previous
+    first.write_text(previous)
     alembic_cli("upgrade", "head", cwd=user_project, database_url=url)
     execute(url, "INSERT INTO email_jobs (task) VALUES ('noop')")
+    user_tables = ["customers", "email_jobs", "report_jobs"]
+    before = snapshot(url, user_tables)
     proc = alembic_cli("check", cwd=user_project, database_url=url, check=False)
     assert proc.returncode != 0 and "cancel_requested_at" in proc.stdout + proc.stderr
 
@@ -622,9 +663,40 @@ def test_user_job_tables_of_the_previous_version_get_cancel_requested_at_by_auto
             "nullable=True))"
         ) in source
         assert f"op.drop_column('{table}', 'cancel_requested_at')" in source
+        # max_attempts: nullable now; the server default's drop is left to the
+        # user (autogenerate compares defaults only with compare_server_default).
+        assert (
+            f"op.alter_column('{table}', 'max_attempts',\n               existing_type=sa.INTEGER(),\n"
+            "               nullable=True,\n               existing_server_default=sa.text('20'))"
+        ) in source
+    # What docs/alembic.md says to add by hand: server_default=None in the
+    # upgrade, and its downgrade snippet in place of the generated alter_column.
+    assert source.count("nullable=True,\n               existing_server_default=sa.text('20'))") == 2
+    source = source.replace(
+        "nullable=True,\n               existing_server_default=sa.text('20'))",
+        "nullable=True,\n               server_default=None,\n               existing_server_default=sa.text('20'))",
+    )
+    (snippet,) = [b for b in re.findall(r"```python\n(.*?)```", (REPO / "docs" / "alembic.md").read_text(), re.S)
+                  if "UPDATE email_jobs SET max_attempts = 20" in b]
+    for table in ("email_jobs", "report_jobs"):
+        generated = (
+            f"    op.alter_column('{table}', 'max_attempts',\n               existing_type=sa.INTEGER(),\n"
+            "               nullable=False,\n               existing_server_default=sa.text('20'))\n"
+        )
+        assert generated in source
+        source = source.replace(generated, textwrap.indent(snippet.replace("email_jobs", table), "    "))
+    second.write_text(source)
     alembic_cli("upgrade", "head", cwd=user_project, database_url=url)
     assert_no_drift(user_project, url)
-    assert query(url, "SELECT task, cancel_requested_at FROM email_jobs") == [("noop", None)]
+    models = load_models(user_project, "previous")
+    assert snapshot(url, user_tables) == reference_snapshot(create_database, models.Base.metadata, user_tables)
+    # A row of the previous version keeps its limit: given at enqueue, as far as the code can tell.
+    assert query(url, "SELECT task, cancel_requested_at, max_attempts FROM email_jobs") == [("noop", None, 20)]
+    execute(url, "INSERT INTO email_jobs (task) VALUES ('unset')", "INSERT INTO report_jobs (task) VALUES ('unset')")
+    alembic_cli("downgrade", "u0001", cwd=user_project, database_url=url)
+    assert snapshot(url, user_tables) == before
+    assert query(url, "SELECT task, max_attempts FROM email_jobs ORDER BY id") == [("noop", 20), ("unset", 20)]
+    assert query(url, "SELECT task, max_attempts FROM report_jobs") == [("unset", 20)]
 
 
 # --------------------------------------------------------------------------- helpers' arguments

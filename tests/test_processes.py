@@ -9,49 +9,20 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from jobapp import Ledger, TaskJob, jobs
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
+from waiting import wait_for
 
 from sa_jobqueue import JobSpec
 
 pytestmark = pytest.mark.slow
-APP = str(Path(__file__).with_name("jobapp.py"))
 MODES = ["lease", "transaction"]
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start ``jobapp.py`` with arguments; every process is killed at teardown."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str) -> subprocess.Popen[str]:
-        log = open(tmp_path / f"proc-{len(started)}.log", "w")
-        proc = subprocess.Popen(
-            [sys.executable, APP, *args], stdout=subprocess.PIPE, stderr=log, text=True
-        )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _results(procs: list[subprocess.Popen[str]], timeout: float) -> list[dict[str, int]]:
@@ -122,21 +93,21 @@ def test_sigkill_mid_job_then_the_job_completes_exactly_once(
         job = jobs.enqueue(session, "hang_first", {"marker": str(marker)})
         jobs.enqueue_many(session, [JobSpec("ledger") for _ in range(20)])
     victim = spawn("work", libpq_url, "--mode", mode, "--concurrency", "2", "--lease", "2")
-    _wait_for(marker.exists, 60, "the job to start")
+    wait_for(marker.exists, 60, "the job to start")
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=30)
     assert victim.returncode == -signal.SIGKILL
     if mode == "transaction":
         # The transaction died with the process: the job is pending again at
         # once, its attempt not counted.
-        _wait_for(lambda: _count(sessions, TaskJob, TaskJob.id == job.id, TaskJob.status == "pending") == 1,
+        wait_for(lambda: _count(sessions, TaskJob, TaskJob.id == job.id, TaskJob.status == "pending") == 1,
                   30, "the job to be pending again")
     else:
         with sessions() as session:
             row = session.get(TaskJob, job.id)
             assert row is not None and row.status == "running" and row.attempts == 1
     rescuer = spawn("work", libpq_url, "--mode", mode, "--concurrency", "2", "--lease", "2")
-    _wait_for(lambda: _count(sessions, TaskJob) == 0, 60, "every job to finish")
+    wait_for(lambda: _count(sessions, TaskJob) == 0, 60, "every job to finish")
     rescuer.send_signal(signal.SIGTERM)
     assert _results([rescuer], timeout=30)[0]["lost"] == 0
     with sessions() as session:
@@ -159,7 +130,7 @@ def test_a_job_that_kills_its_worker_every_time_ends_dead(
     while not dead():
         assert time.monotonic() < deadline, "the job never went dead"
         worker = spawn("work", libpq_url, "--mode", "lease", "--concurrency", "1", "--lease", "1")
-        _wait_for(lambda w=worker: w.poll() is not None or dead(), 60, "the worker to die or the job to go dead")
+        wait_for(lambda w=worker: w.poll() is not None or dead(), 60, "the worker to die or the job to go dead")
         if worker.poll() is None:
             # This worker reaped the job into dead and lives on: stop it.
             worker.send_signal(signal.SIGTERM)
@@ -184,7 +155,7 @@ def test_signal_stops_claiming_finishes_the_running_job_and_exits_0(
         first = jobs.enqueue(session, "slow", {"seconds": 1.5, "marker": str(marker)}, priority=-1)
         jobs.enqueue_many(session, [JobSpec("slow", {"seconds": 1.5}) for _ in range(3)])
     worker = spawn("work", libpq_url, "--mode", "lease", "--concurrency", "1")
-    _wait_for(marker.exists, 60, "the first job to start")
+    wait_for(marker.exists, 60, "the first job to start")
     worker.send_signal(sig)
     [result] = _results([worker], timeout=30)
     assert result["completed"] == 1

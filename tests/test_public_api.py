@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import typing
 
 import sa_jobqueue
+from sa_jobqueue.repository import LeaseReport as RepositoryLeaseReport
 
 # The pinned public API; tests/test_packaging.py checks the installed wheel against it too.
 PUBLIC_API = [
     "STATUSES", "InvalidArgumentError", "JobLostError", "JobMixin", "JobQueueError",
-    "JobRepository", "JobSpec", "JobTableError", "QueueStats", "ReapResult", "RetryJob",
+    "JobRepository", "JobSpec", "JobTableError", "LeaseReport", "QueueStats", "ReapResult", "RetryJob",
     "RetryPolicy", "Task", "TaskRegistry", "Worker", "WorkerResult", "WorkerStuckError", "job_table_args",
     "psycopg_url", "Periodic", "PeriodicScheduler", "create_periodic_table",
 ]
@@ -20,6 +22,11 @@ def test_public_api_is_pinned() -> None:
     assert sorted(sa_jobqueue.__all__) == sorted(PUBLIC_API)
     for name in sa_jobqueue.__all__:
         assert getattr(sa_jobqueue, name) is not None
+
+
+def test_lease_report_is_exported_as_extend_leases_return_type() -> None:
+    hints = typing.get_type_hints(sa_jobqueue.JobRepository.extend_leases)
+    assert hints["return"] is sa_jobqueue.LeaseReport is RepositoryLeaseReport  # the older path stays
 
 
 def test_error_tree() -> None:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
-import time
+from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from jobapp import EmailJob, Ledger, ReportJob, TaskJob, User, emails, jobs, reports, tasks
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 from sqllog import recorded_sql
 
-from sa_jobqueue import InvalidArgumentError, JobLostError, JobSpec, ReapResult, RetryPolicy
+from sa_jobqueue import InvalidArgumentError, JobLostError, JobSpec, LeaseReport, ReapResult, RetryPolicy
 from sa_jobqueue.statements import claim as claim_statement
 from sa_jobqueue.testing import run_jobs
 
@@ -26,11 +27,15 @@ def _count(session: Session, model: type, **where: object) -> int:
     return int(session.scalar(stmt) or 0)
 
 
-def _wait_until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+def _expire(sessions: sessionmaker[Session], jobs_: Iterable[Any]) -> None:
+    """The workers holding these claimed jobs stalled: their leases now lie in
+    the past, set by the database rather than waited for."""
+    ids = [job.id for job in jobs_]
+    with sessions.begin() as session:
+        session.execute(
+            update(TaskJob).where(TaskJob.id.in_(ids), TaskJob.status == "running")
+            .values(lease_expires_at=TaskJob.locked_at - timedelta(seconds=1))
+        )
 
 
 # -- enqueue ----------------------------------------------------------------
@@ -199,14 +204,18 @@ def test_claim_order_priority_then_run_at(sessions: sessionmaker[Session]) -> No
 
 def test_future_jobs_are_not_claimable(sessions: sessionmaker[Session]) -> None:
     with sessions.begin() as session:
-        jobs.enqueue(session, "noop", delay=timedelta(hours=1))
+        later = jobs.enqueue(session, "noop", delay=timedelta(hours=1))
         jobs.enqueue(session, "noop", run_at=datetime.now(timezone.utc) + timedelta(minutes=5))
-        soon = jobs.enqueue(session, "noop", delay=0.3)
+        now = jobs.enqueue(session, "noop")
+    # A delay is added to the database's now(), the clock the claim compares with.
+    assert later.run_at == later.created_at + timedelta(hours=1) and now.run_at == now.created_at
     with sessions.begin() as session:
-        assert jobs.claim(session, limit=10) == []
-    time.sleep(0.4)
+        assert [j.id for j in jobs.claim(session, limit=10)] == [now.id]
+    # Once the database's clock has reached a job's run_at (set to it, not waited for), it is claimable.
     with sessions.begin() as session:
-        assert [j.id for j in jobs.claim(session, limit=10)] == [soon.id]
+        session.execute(update(TaskJob).where(TaskJob.id == later.id).values(run_at=func.now()))
+    with sessions.begin() as session:
+        assert [j.id for j in jobs.claim(session, limit=10)] == [later.id]
 
 
 def test_claim_filters_queues(sessions: sessionmaker[Session]) -> None:
@@ -217,9 +226,9 @@ def test_claim_filters_queues(sessions: sessionmaker[Session]) -> None:
     with sessions.begin() as session:
         assert [j.id for j in jobs.claim(session, queues="a", limit=5)] == [a.id]
     with sessions.begin() as session:
-        assert [j.id for j in jobs.claim(session, queues=["b", "c"], limit=1)] != [a.id]
-        assert _count(session, TaskJob, status="pending") == 1
-        assert b.id  # claimed one of b or c, leaving one pending
+        # b and c tie on priority and run_at (one transaction's now()): the lower id goes first.
+        assert [j.id for j in jobs.claim(session, queues=["b", "c"], limit=1)] == [b.id]
+        assert session.scalars(select(TaskJob.queue).where(TaskJob.status == "pending")).all() == ["c"]
 
 
 def test_claim_respects_the_limit_and_skips_locked_rows(sessions: sessionmaker[Session]) -> None:
@@ -310,8 +319,8 @@ def test_a_stale_worker_cannot_complete_or_fail_a_reclaimed_job(sessions: sessio
     with sessions.begin() as session:
         job = jobs.enqueue(session, "noop")
     with sessions.begin() as session:
-        [stale] = jobs.claim(session, worker="stale", lease=timedelta(milliseconds=200))
-    time.sleep(0.3)
+        [stale] = jobs.claim(session, worker="stale", lease=LEASE)
+    _expire(sessions, [stale])
     with sessions.begin() as session:
         assert jobs.reap(session).requeued == 1
     with sessions.begin() as session:
@@ -328,8 +337,10 @@ def test_a_stale_worker_cannot_complete_or_fail_a_reclaimed_job(sessions: sessio
         assert jobs.heartbeat(session, [stale, fresh], lease=LEASE) == {fresh.id}
     with sessions() as session:
         row = session.get(TaskJob, job.id)
-        assert row is not None and (row.status, row.locked_by, row.last_error) == ("running", "fresh", row.last_error)
-        assert "stale failure" not in (row.last_error or "")
+        # The reap's error stays: the stale failure was not recorded.
+        assert row is not None and (row.status, row.locked_by, row.last_error) == (
+            "running", "fresh", "lease expired at attempt 1 (worker stale)"
+        )
         assert _count(session, Ledger) == 0
     with sessions.begin() as session:
         jobs.complete(session, fresh)
@@ -342,10 +353,10 @@ def test_complete_many_is_fenced_per_job(sessions: sessionmaker[Session]) -> Non
         jobs.enqueue_many(session, [JobSpec("noop") for _ in range(3)])
         reports.enqueue_many(session, [JobSpec("noop") for _ in range(2)])
     with sessions.begin() as session:
-        expiring = jobs.claim(session, limit=2, lease=timedelta(milliseconds=50))
+        expiring = jobs.claim(session, limit=2, lease=LEASE)
         [kept] = jobs.claim(session, limit=1, lease=LEASE)
         done_reports = reports.claim(session, limit=2)
-    time.sleep(0.1)
+    _expire(sessions, expiring)
     with sessions.begin() as session:
         assert jobs.reap(session).requeued == 2
         assert jobs.complete_many(session, [*expiring, kept]) == {kept.id}
@@ -365,9 +376,9 @@ def test_reap_requeues_or_kills_expired_leases_only(sessions: sessionmaker[Sessi
         jobs.enqueue(session, "noop", {"n": 2}, max_attempts=1)
         jobs.enqueue(session, "noop", {"n": 3})
     with sessions.begin() as session:
-        short = jobs.claim(session, limit=2, lease=timedelta(milliseconds=100))
+        short = jobs.claim(session, limit=2, lease=LEASE)
         [long] = jobs.claim(session, limit=1, lease=LEASE)
-    time.sleep(0.2)
+    _expire(sessions, short)
     with sessions.begin() as session:
         result = jobs.reap(session)
     assert (result.requeued, result.dead) == (1, 1)
@@ -386,8 +397,8 @@ def test_concurrent_reapers_reap_each_job_once(sessions: sessionmaker[Session]) 
     with sessions.begin() as session:
         jobs.enqueue_many(session, [JobSpec("noop") for _ in range(6)])
     with sessions.begin() as session:
-        jobs.claim(session, limit=6, lease=timedelta(milliseconds=50))
-    time.sleep(0.1)
+        claimed = jobs.claim(session, limit=6, lease=LEASE)
+    _expire(sessions, claimed)
     first = sessions()
     first.begin()
     taken = jobs.reap(first, limit=4)  # uncommitted: these rows stay locked
@@ -405,8 +416,8 @@ def test_reap_applies_a_tasks_own_max_attempts(sessions: sessionmaker[Session]) 
         strict = jobs.enqueue(session, "strict")
         lenient = jobs.enqueue(session, "lenient")
     with sessions.begin() as session:
-        jobs.claim(session, limit=2, lease=timedelta(milliseconds=50))
-    time.sleep(0.1)
+        claimed = jobs.claim(session, limit=2, lease=LEASE)
+    _expire(sessions, claimed)
     with sessions.begin() as session:
         with pytest.raises(InvalidArgumentError):
             jobs.reap(session, task_max_attempts={"strict": 0})
@@ -417,26 +428,53 @@ def test_reap_applies_a_tasks_own_max_attempts(sessions: sessionmaker[Session]) 
         assert session.get(TaskJob, lenient.id).status == "pending"  # type: ignore[union-attr]
 
 
-def test_cancel_only_pending_and_retry_dead(sessions: sessionmaker[Session]) -> None:
+def test_cancel_pending_at_once_running_by_request_and_retry(sessions: sessionmaker[Session]) -> None:
+    """A pending job is cancelled at once; a running one stays running with the
+    request recorded (cancel returns True for both), until it leaves running:
+    a failure, a hand-back or a reap then ends it cancelled, a completion still
+    completes it. retry() clears the request."""
     with sessions.begin() as session:
         pending = jobs.enqueue(session, "noop")
-        running = jobs.enqueue(session, "noop", priority=-1)
+        running = jobs.enqueue(session, "noop", priority=-2)
+        completing = jobs.enqueue(session, "noop", priority=-1)
     with sessions.begin() as session:
-        [claimed] = jobs.claim(session)
-        assert claimed.id == running.id
+        claimed, finishing = jobs.claim(session, limit=2)
+    assert (claimed.id, finishing.id) == (running.id, completing.id)
+    with sessions.begin() as session:
         assert jobs.cancel(session, pending.id) is True
-        assert jobs.cancel(session, running.id) is False
+        assert jobs.cancel(session, running.id) is True
+        assert jobs.cancel(session, completing.id) is True
         assert jobs.cancel(session, 10**12) is False
-        jobs.fail(session, claimed, "boom", discard=True)
     with sessions() as session:
-        assert session.get(TaskJob, pending.id).status == "cancelled"  # type: ignore[union-attr]
-        assert session.get(TaskJob, running.id).status == "dead"  # type: ignore[union-attr]
+        cancelled, requested = session.get(TaskJob, pending.id), session.get(TaskJob, running.id)
+        assert cancelled is not None and requested is not None
+        assert (cancelled.status, cancelled.finished_at is not None) == ("cancelled", True)
+        assert (requested.status, requested.lock_token) == ("running", claimed.lock_token)
+        first_request = requested.cancel_requested_at
+        assert first_request is not None
     with sessions.begin() as session:
+        assert jobs.cancel(session, running.id) is True  # asked again: the first request's time is kept
+        assert jobs.cancel(session, pending.id) is False  # already cancelled
+        report = jobs.extend_leases(session, [claimed, finishing], lease=LEASE)
+        assert report == LeaseReport(owned={running.id, completing.id}, cancel_requested={running.id, completing.id})
+        # The request is the worker's to honour: a completion still completes the job...
+        jobs.complete(session, finishing)
+        # ... while a failure ends it cancelled, neither retried nor dead.
+        assert jobs.fail(session, claimed, "boom") == "cancelled"
+    with sessions() as session:
+        assert session.get(TaskJob, completing.id) is None
+        row = session.get(TaskJob, running.id)
+        assert row is not None
+        assert (row.status, row.cancel_requested_at, row.last_error, row.lock_token) == (
+            "cancelled", first_request, "boom", None
+        )
+    with sessions.begin() as session:
+        assert jobs.cancel(session, running.id) is False  # finished
         assert jobs.retry(session, running.id) is True
         assert jobs.retry(session, running.id) is False  # pending now
     with sessions.begin() as session:
         [again] = jobs.claim(session)
-        assert again.id == running.id and again.attempts == 2 and again.max_attempts >= 2
+        assert (again.id, again.attempts, again.cancel_requested_at) == (running.id, 2, None)
 
 
 def test_retry_does_not_duplicate_a_dedupe_key_held_by_a_live_job(sessions: sessionmaker[Session]) -> None:

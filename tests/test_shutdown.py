@@ -8,45 +8,18 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from jobapp import TaskJob, jobs
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
+from waiting import wait_for
 
 from sa_jobqueue import JobSpec
 
 pytestmark = pytest.mark.slow
-APP = str(Path(__file__).with_name("jobapp.py"))
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str) -> subprocess.Popen[str]:
-        log = open(tmp_path / f"worker-{len(started)}.log", "w")
-        proc = subprocess.Popen([sys.executable, APP, *args], stdout=subprocess.PIPE, stderr=log, text=True)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _rows(sessions: sessionmaker[Session]) -> dict[int, tuple[str, int]]:
@@ -72,7 +45,7 @@ def test_sigterm_hands_back_the_claimed_backlog_and_lets_the_running_job_finish(
     # behind the one running handler.
     worker = spawn("work", libpq_url, "--mode", mode, "--concurrency", "1", "--batch-size", "10",
                    "--shutdown-timeout", "60")
-    _wait_for(marker.exists, 60, "the first job to start")
+    wait_for(marker.exists, 60, "the first job to start")
     worker.send_signal(signal.SIGTERM)
     out, _ = worker.communicate(timeout=60)
     assert worker.returncode == 0
@@ -95,7 +68,7 @@ def test_sigterm_does_not_wait_past_the_shutdown_timeout_for_a_hung_job(
         jobs.enqueue_many(session, [JobSpec("hang", {"marker": str(marker)}) for _ in range(20)])
     worker = spawn("work", libpq_url, "--mode", mode, "--concurrency", "1", "--batch-size", "10",
                    "--shutdown-timeout", "1", "--lease", "60")
-    _wait_for(lambda: len(_started(marker)) == 1, 60, "the first job to start")
+    wait_for(lambda: len(_started(marker)) == 1, 60, "the first job to start")
     worker.send_signal(signal.SIGTERM)
     out, _ = worker.communicate(timeout=60)  # returns: the hung handler does not hold the stop
     assert worker.returncode == 0
@@ -108,7 +81,7 @@ def test_sigterm_does_not_wait_past_the_shutdown_timeout_for_a_hung_job(
         assert json.loads(out.strip().splitlines()[-1])["handed_back"] >= 9
     else:
         # The batch's transaction ends with the process: every row pending as before.
-        _wait_for(lambda: all(v == ("pending", 0) for v in _rows(sessions).values()), 60,
+        wait_for(lambda: all(v == ("pending", 0) for v in _rows(sessions).values()), 60,
                   "the batch's transaction to roll back")
     assert _started(marker) == [hung]  # no other handler ran
 
@@ -120,9 +93,9 @@ def test_a_second_sigterm_stops_at_once(
     with sessions.begin() as session:
         jobs.enqueue(session, "hang", {"marker": str(marker)})
     worker = spawn("work", libpq_url, "--concurrency", "1", "--shutdown-timeout", "3600")
-    _wait_for(lambda: len(_started(marker)) == 1, 60, "the job to start")
+    wait_for(lambda: len(_started(marker)) == 1, 60, "the job to start")
     worker.send_signal(signal.SIGTERM)
-    _wait_for(lambda: "SIGTERM received, stopping" in _log(tmp_path), 30, "the first signal to be logged")
+    wait_for(lambda: "SIGTERM received, stopping" in _log(tmp_path), 30, "the first signal to be logged")
     assert worker.poll() is None  # waiting for the running job, up to an hour
     worker.send_signal(signal.SIGTERM)
     worker.communicate(timeout=60)
@@ -132,4 +105,4 @@ def test_a_second_sigterm_stops_at_once(
 
 
 def _log(tmp_path: Path) -> str:
-    return "".join(p.read_text() for p in tmp_path.glob("worker-*.log"))
+    return "".join(p.read_text() for p in tmp_path.glob("proc-*.log"))

@@ -3,17 +3,22 @@ equal to the stored rows, whichever path wrote them (INSERT or COPY)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from jobapp import EmailJob, TaskJob, emails, jobs
-from sqlalchemy import Engine, func, select
+from sqlalchemy import DateTime, Engine, create_engine, func, select, text
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqllog import recorded_sql
 
-from sa_jobqueue import JobSpec
-from sa_jobqueue.bulk import COPY_THRESHOLD
+from sa_jobqueue import JobMixin, JobRepository, JobSpec
+from sa_jobqueue.bulk import COPY_THRESHOLD, NOW, stored_defaults
+from sa_jobqueue.mixin import COLUMN_DEFAULTS
 
 
 def _columns(job: Any) -> dict[str, Any]:
@@ -33,7 +38,7 @@ def _specs(n: int) -> list[JobSpec]:
     return [
         JobSpec(
             "noop", {"i": i, "tuple": (1, "a"), "nested": {"k": [None, True, 1.5]}}, queue=f"q{i % 3}",
-            priority=i % 7 - 3, max_attempts=1 + i % 4,
+            priority=i % 7 - 3, max_attempts=None if i % 3 == 0 else i % 4 + 1,
             run_at=at if i % 5 == 0 else None, delay=timedelta(seconds=i) if i % 5 == 1 else None,
         )
         for i in range(n)
@@ -102,3 +107,116 @@ def test_snapshots_are_detached_and_outlive_their_session(sessions: sessionmaker
     with sessions() as session:
         reloaded = session.get(EmailJob, 10**12)
         assert reloaded is None
+
+
+def test_copy_and_insert_store_the_same_rows_column_by_column(sessions: sessionmaker[Session], engine: Engine) -> None:
+    """The COPY path fills in every column it leaves out from the mixin's own
+    defaults (bulk.stored_defaults): the rows equal those the INSERT path
+    writes for the same specs in the same transaction, every column but the id."""
+    specs = _specs(COPY_THRESHOLD * 3)
+    with sessions.begin() as session:
+        with recorded_sql(engine) as sent:
+            copied = jobs.enqueue_many(session, specs)
+        assert not [s for s in sent if s.startswith("INSERT")], "these rows go through COPY"
+        with recorded_sql(engine) as sent:
+            inserted = [job for i in range(0, len(specs), COPY_THRESHOLD - 1)
+                        for job in jobs.enqueue_many(session, specs[i:i + COPY_THRESHOLD - 1])]
+        assert [s for s in sent if s.startswith("INSERT")], "chunks under the threshold go through INSERT"
+    columns = {column.key for column in TaskJob.__table__.columns}
+    with sessions() as session:
+        _assert_equal_to_rows(session, copied)
+        _assert_equal_to_rows(session, inserted)
+        rows = {row.id: _columns(row) for row in session.scalars(select(TaskJob))}
+    assert len(rows) == 2 * len(specs)
+    for by_copy, by_insert in zip(copied, inserted, strict=True):
+        a, b = rows[by_copy.id], rows[by_insert.id]
+        assert set(a) == columns  # every column compared, cancel_requested_at and max_attempts included
+        assert {k: v for k, v in a.items() if k != "id"} == {k: v for k, v in b.items() if k != "id"}
+    assert {rows[j.id]["max_attempts"] for j in copied} == {None, 1, 2, 3, 4}
+
+
+def test_copy_knows_the_defaults_from_the_mixins_one_definition() -> None:
+    defaults = stored_defaults(TaskJob.__table__)
+    assert defaults is not None
+    assert {k: v for k, v in defaults.items() if k in COLUMN_DEFAULTS} == {
+        k: v for k, v in COLUMN_DEFAULTS.items() if k in defaults
+    }
+    assert defaults["created_at"] is NOW
+    assert {k for k, v in defaults.items() if v is None} == {
+        "locked_at", "locked_by", "lease_expires_at", "lock_token", "last_error", "dedupe_key", "finished_at",
+        "cancel_requested_at",
+    }
+
+
+class OwnDefaultsBase(DeclarativeBase):
+    pass
+
+
+class OwnDefaultJob(JobMixin, OwnDefaultsBase):
+    """A model that overrides a job column's default: only an INSERT applies it."""
+
+    __tablename__ = "own_default_jobs"
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("'2000-01-01 00:00:00+00'")
+    )
+
+
+def test_a_job_column_with_a_default_of_its_own_takes_the_insert_path(
+    create_database: Callable[[], URL],
+) -> None:
+    assert stored_defaults(OwnDefaultJob.__table__) is None
+    engine = create_engine(create_database())
+    try:
+        OwnDefaultsBase.metadata.create_all(engine)
+        own = JobRepository(OwnDefaultJob)
+        with recorded_sql(engine) as sent, Session(engine) as session, session.begin():
+            created = own.enqueue_many(session, _specs(COPY_THRESHOLD * 2))
+        assert [s for s in sent if s.startswith("INSERT")]
+        assert {job.created_at for job in created} == {datetime(2000, 1, 1, tzinfo=timezone.utc)}
+        with Session(engine) as session:
+            _assert_equal_to_rows(session, created)
+    finally:
+        engine.dispose()
+
+
+PAYLOADS = [
+    {"text": "é ü 日本 \u2028 \U0001f600", "n": 1.1, "big": 2**70, "neg": -0.0, "exp": 1e300},
+    [None, True, False, {"nested": {"deeper": ["x"]}}],
+    {"quote": "\"'\\", "empty": {}, "list": []},
+]
+LOADED: list[type] = []
+
+
+def _recording_loads(value: bytes) -> Any:
+    """An application's json_deserializer (module level: psycopg caches its loader per function)."""
+    LOADED.append(type(value))
+    return {"decoded by": "the application", "value": json.loads(value)}
+
+
+@pytest.mark.parametrize("deserializer", [None, _recording_loads], ids=["default", "engine-json_deserializer"])
+def test_a_claim_decodes_payloads_as_the_driver_loads_them(
+    db_url: URL, engine: Engine, deserializer: Callable[[bytes], Any] | None
+) -> None:
+    """The claim reads the payload as JSON text and decodes it itself
+    (snapshot.json_loads): the payload equals what psycopg's own jsonb loader
+    gives the ORM for the same row, custom deserializer or not."""
+    options: dict[str, Any] = {} if deserializer is None else {"json_deserializer": deserializer}
+    custom = create_engine(db_url, **options)
+    try:
+        with Session(custom) as session, session.begin():
+            ids = [job.id for job in jobs.enqueue_many(session, [JobSpec("noop", p) for p in PAYLOADS])]
+        LOADED.clear()
+        with Session(custom) as session, session.begin():
+            claimed = {job.id: job.payload for job in jobs.claim(session, limit=len(ids))}
+        with Session(custom) as session:
+            loaded = {job_id: session.get(TaskJob, job_id).payload for job_id in ids}  # type: ignore[union-attr]
+    finally:
+        custom.dispose()
+    # repr: equal values of equal types, in the same key order (jsonb's: 1e300 reads back as an int).
+    assert set(claimed) == set(ids) and [repr(claimed[i]) for i in ids] == [repr(loaded[i]) for i in ids]
+    if deserializer is None:
+        assert loaded[ids[1]] == PAYLOADS[1] and loaded[ids[0]]["text"] == PAYLOADS[0]["text"]  # type: ignore[call-overload]
+    else:
+        assert all(p["decoded by"] == "the application" for p in claimed.values())
+        # Given bytes by the claim as by psycopg: once per row each.
+        assert LOADED == [bytes] * (2 * len(PAYLOADS))

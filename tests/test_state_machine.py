@@ -1,8 +1,8 @@
 """Property-based tests of the job state machine, against the real PostgreSQL.
 
 Hypothesis drives random sequences of the queue verbs (enqueue, enqueue_many,
-claim, complete, complete_many, fail, heartbeat, reap, cancel, retry, purge)
-and of simulated time (a lease runs out, a scheduled job becomes due) for
+claim, complete, complete_many, fail, heartbeat, hand_back, reap, cancel of
+pending and of running jobs, retry, purge) and of simulated time (a lease runs out, a scheduled job becomes due) for
 three simulated workers. Every snapshot a worker ever claimed is kept, so
 stale snapshots (the job reaped and claimed again, finished, deleted, or a
 claim that was rolled back) keep trying fenced writes. Some steps interleave
@@ -13,8 +13,8 @@ another thread waits for a reaper's row lock, then finds the job gone.
 A small Python model holds the documented rules (docs/concepts.md). After
 every step the whole table is read back and compared column by column with
 the model, and independent invariants are checked: only the transitions of
-the documented diagram happen, attempts move only on a claim and stay within
-their limit, a fenced write without ownership changes no row, and stats()
+the documented diagram happen, attempts move only on a claim (and back on a
+hand-back) and stay within their limit, a fenced write without ownership changes no row, and stats()
 agrees with the rows.
 
 The database's ``now()`` is fixed within a transaction, so each step reads it
@@ -57,7 +57,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobqueue import JobLostError, JobMixin, JobRepository, JobSpec, RetryPolicy
-from sa_jobqueue.mixin import CANCELLED, DEAD, DONE, PENDING, RUNNING
+from sa_jobqueue.mixin import CANCELLED, DEAD, DEFAULT_MAX_ATTEMPTS, DONE, PENDING, RUNNING
 
 # Modest on purpose: the whole file runs in seconds, and derandomize makes
 # every run replay the same sequences, so a failure reproduces and CI never flakes.
@@ -83,12 +83,15 @@ LIVE = (PENDING, RUNNING)
 FINISHED = (DONE, DEAD, CANCELLED)
 # Tasks with a task-level limit, below ("strict") or above ("lenient") any
 # row's max_attempts (1 to 3), passed the way a worker passes it: to fail() as
-# max_attempts and to reap() as task_max_attempts. "plain" uses the row's.
+# max_attempts and to reap() as task_max_attempts. A limit given at enqueue
+# wins; a job enqueued without one (max_attempts NULL) dies by its task's,
+# else by 20 ("plain", or a reaper run without the task limits).
 TASK_LIMITS = {"strict": 1, "lenient": 4}
 TASKS = ("plain", "strict", "lenient")
 # Leases far longer than any run, so a lease expires only when a step says so.
 LEASES = (timedelta(hours=1), timedelta(days=1))
-FENCED_VERBS = ("fail", "complete", "complete_many", "heartbeat")
+FENCED_VERBS = ("fail", "complete", "complete_many", "heartbeat", "hand_back")
+CANCELLED_WHILE_RUNNING = "cancelled while running: "
 POLICY = RetryPolicy(base=timedelta(minutes=10), max_delay=timedelta(hours=2), jitter=0)
 # Simulated time: expired leases and due back-offs are moved to distinct
 # instants here, so the reap order (by lease_expires_at) is always decided.
@@ -105,7 +108,7 @@ class Row:
     dedupe_key: str | None
     status: str
     attempts: int
-    max_attempts: int
+    max_attempts: int | None
     run_at: datetime
     last_error: str | None
     finished_at: datetime | None
@@ -113,15 +116,27 @@ class Row:
     locked_by: str | None
     lease_expires_at: datetime | None
     lock_token: uuid.UUID | None
+    cancel_requested_at: datetime | None
 
     @classmethod
     def select(cls, table: Table) -> Select[Any]:
         """The table's rows with exactly these columns (Core: cheaper than loading models)."""
         return select(*(table.c[f.name] for f in fields(cls)))
 
-    def limit_bound(self) -> int:
-        """The most attempts the job may have: its row limit, or its task's when higher."""
-        return max(self.max_attempts, TASK_LIMITS.get(self.task, 0))
+    def limit_bound(self, granted: int = 0) -> int:
+        """The most attempts the job may have: the limit given at enqueue; for a
+        job without one, the highest of its task's and the default (a reaper
+        without the task limits applies the default); at least ``granted``,
+        the attempts a retry left it with plus one."""
+        if self.max_attempts is not None:
+            return max(self.max_attempts, granted)
+        return max(TASK_LIMITS.get(self.task, 0), DEFAULT_MAX_ATTEMPTS, granted)
+
+    def limit(self, task_limit: int | None) -> int:
+        """The limit a failure applies: the one given at enqueue, else ``task_limit``, else the default."""
+        if self.max_attempts is not None:
+            return self.max_attempts
+        return DEFAULT_MAX_ATTEMPTS if task_limit is None else task_limit
 
 
 RELEASED: dict[str, Any] = {"locked_at": None, "locked_by": None, "lease_expires_at": None, "lock_token": None}
@@ -134,7 +149,7 @@ class Spec:
     task: str
     priority: int
     delayed: bool
-    max_attempts: int
+    max_attempts: int | None
     dedupe_key: str | None
 
     def delay(self) -> timedelta:
@@ -199,19 +214,21 @@ class Held:
         )
 
 
+# A limit given at enqueue, or none (NULL: the task's applies, else 20).
+limits = st.one_of(st.none(), st.integers(1, 3))
 specs = st.builds(
     Spec,
     task=st.sampled_from(TASKS),
     priority=st.integers(-1, 1),
     delayed=st.booleans(),
-    max_attempts=st.integers(1, 3),
+    max_attempts=limits,
     # One key, often: holders, repeats in one call, and retry meeting a live holder.
     dedupe_key=st.sampled_from((None, "k")),
 )
 # A backlog to start from, so that claims find work from the first step on.
 backlogs = st.lists(
     st.builds(Spec, task=st.sampled_from(TASKS), priority=st.integers(-1, 1), delayed=st.just(False),
-              max_attempts=st.integers(1, 3), dedupe_key=st.just(None)),
+              max_attempts=limits, dedupe_key=st.just(None)),
     min_size=2, max_size=6,
 )
 workers = st.sampled_from(WORKERS)
@@ -237,7 +254,7 @@ def _legal_transitions(keep_done: bool) -> set[tuple[str | None, str | None]]:
     legal: set[tuple[str | None, str | None]] = {
         (None, PENDING),
         (PENDING, RUNNING), (PENDING, CANCELLED),
-        (RUNNING, PENDING), (RUNNING, DEAD), (RUNNING, DONE if keep_done else None),
+        (RUNNING, PENDING), (RUNNING, DEAD), (RUNNING, CANCELLED), (RUNNING, DONE if keep_done else None),
         (DEAD, PENDING), (CANCELLED, PENDING),
         (DONE, None), (DEAD, None), (CANCELLED, None),
     }
@@ -294,6 +311,10 @@ class QueueMachine(RuleBasedStateMachine):
         self.tokens_seen: set[uuid.UUID] = set()
         self.last_now = EPOCH
         self.clock = 0
+        # Per job retried, its attempts then plus one: the attempt a retry grants.
+        self.granted: dict[int, int] = {}
+        # The jobs handed back since the last check: their claim's attempt was taken back.
+        self.handed_back: set[int] = set()
         self.legal = _legal_transitions(self.repo.keep_done)
 
     # -- helpers -----------------------------------------------------------
@@ -424,7 +445,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.model[job_id] = Row(
                 id=job_id, task=spec.task, priority=spec.priority, dedupe_key=spec.dedupe_key, status=PENDING,
                 attempts=0, max_attempts=spec.max_attempts, run_at=now + spec.delay(), last_error=None,
-                finished_at=None, **RELEASED,
+                finished_at=None, cancel_requested_at=None, **RELEASED,
             )
             if spec.dedupe_key:
                 holders[spec.dedupe_key] = job_id
@@ -453,20 +474,29 @@ class QueueMachine(RuleBasedStateMachine):
         self.snapshots.extend(held)
 
     def _completed(self, job_id: int, now: datetime) -> None:
-        """A completion: the job is deleted, or kept as done."""
+        """A completion: the job is deleted, or kept as done (a cancel request
+        of it, too late, changes nothing)."""
+        if self.model[job_id].cancel_requested_at is not None:
+            event("completion of a job whose cancel was requested")
         if self.repo.keep_done:
             # A kept job records who ran it: locked_at and locked_by stay.
             self._set(job_id, status=DONE, finished_at=now, lease_expires_at=None, lock_token=None)
         else:
             del self.model[job_id]
 
-    def _reap(self, now: datetime, limit: int, task_limits: bool, skip: Iterable[int] = ()) -> tuple[int, int]:
-        """A reap at ``now`` in the model; returns (requeued, dead) as ReapResult counts them."""
-        requeued = dead = 0
+    def _reap(
+        self, now: datetime, limit: int, task_limits: bool, skip: Iterable[int] = ()
+    ) -> tuple[int, int, int]:
+        """A reap at ``now`` in the model; returns (requeued, dead, cancelled) as ReapResult counts them."""
+        requeued = dead = cancelled = 0
         for row in self._expired(now, skip)[:limit]:
-            ceiling = TASK_LIMITS.get(row.task, row.max_attempts) if task_limits else row.max_attempts
+            ceiling = row.limit(TASK_LIMITS.get(row.task) if task_limits else None)
             error = f"lease expired at attempt {row.attempts} (worker {row.locked_by or 'unknown'})"
-            if row.attempts >= ceiling:
+            if row.cancel_requested_at is not None:
+                cancelled += 1
+                self._set(row.id, status=CANCELLED, finished_at=now, last_error=CANCELLED_WHILE_RUNNING + error,
+                          **RELEASED)
+            elif row.attempts >= ceiling:
                 dead += 1
                 self._set(row.id, status=DEAD, finished_at=now, last_error=error, **RELEASED)
             else:
@@ -475,8 +505,8 @@ class QueueMachine(RuleBasedStateMachine):
                 # its old place in the queue.
                 assert row.run_at <= now
                 self._set(row.id, status=PENDING, finished_at=None, last_error=error, **RELEASED)
-        event(f"reap: requeued {min(requeued, 2)}+, dead {min(dead, 2)}+")
-        return requeued, dead
+        event(f"reap: requeued {min(requeued, 2)}+, dead {min(dead, 2)}+, cancelled {min(cancelled, 1)}+")
+        return requeued, dead, cancelled
 
     # -- rules: producers ----------------------------------------------------
 
@@ -542,7 +572,7 @@ class QueueMachine(RuleBasedStateMachine):
     def _fail(self, h: Held, backoff: Backoff, discard: bool, error: str) -> None:
         """Record a failed attempt, or get JobLostError when the snapshot no longer owns it."""
         owned = self._ownership("fail", h)
-        # As a worker does: the task's own limit overrides the row's.
+        # As a worker does: the task's own limit, for a job enqueued without one.
         task_limit = TASK_LIMITS.get(h.job.task)
 
         def fail(session: Session) -> str:
@@ -562,14 +592,18 @@ class QueueMachine(RuleBasedStateMachine):
             self._assert_untouched([h.id], "fail")
             return
         row = self.model[h.id]
-        dead = discard or row.attempts >= (task_limit or row.max_attempts)
-        why = "discarded" if discard else f"attempt {row.attempts} of {task_limit or row.max_attempts}"
-        event(f"fail: {'dead' if dead else 'retried'}, {why}{', task limit' if task_limit else ''}")
+        limit = row.limit(task_limit)
+        dead = discard or row.attempts >= limit
+        requested = row.cancel_requested_at is not None
+        why = "discarded" if discard else f"attempt {row.attempts} of {limit}"
+        whose = "given at enqueue" if row.max_attempts is not None else "task's" if task_limit else "default"
+        event(f"fail: {'cancelled (requested)' if requested else 'dead' if dead else 'retried'}, {why}, limit {whose}")
         if stored_error(error) != error:
             event("fail: error text with NUL or a lone surrogate")
-        assert status == (DEAD if dead else PENDING)
-        if dead:
-            self._set(h.id, status=DEAD, finished_at=now, last_error=stored_error(error), **RELEASED)
+        assert status == (CANCELLED if requested else DEAD if dead else PENDING)
+        if requested or dead:
+            ended = CANCELLED if requested else DEAD
+            self._set(h.id, status=ended, finished_at=now, last_error=stored_error(error), **RELEASED)
         else:
             run_at = backoff.run_at(now, row.attempts)
             self._set(
@@ -577,14 +611,37 @@ class QueueMachine(RuleBasedStateMachine):
             )
 
     def _heartbeat(self, hs: Sequence[Held], lease: timedelta) -> None:
-        """Extend the leases of the snapshots that still own their jobs."""
+        """Extend the leases of the snapshots that still own their jobs (heartbeat
+        is extend_leases' ``owned``); learn which of them have a cancel request."""
         owned = {h.id for h in hs if self._ownership("heartbeat", h)}
         with self._tx() as (session, now):
-            extended = self.repo.heartbeat(session, [h.job for h in hs], lease=lease)
-        assert extended == owned, "heartbeat must extend exactly the jobs still owned"
+            report = self.repo.extend_leases(session, [h.job for h in hs], lease=lease)
+        assert report.owned == owned, "heartbeat must extend exactly the jobs still owned"
+        requested = {i for i in owned if self.model[i].cancel_requested_at is not None}
+        assert report.cancel_requested == requested, "a heartbeat reports exactly the owned jobs with a cancel request"
+        if requested:
+            event("heartbeat: learns of a cancel request")
         for job_id in owned:
             self._set(job_id, lease_expires_at=now + lease)
         self._assert_untouched({h.id for h in hs} - owned, "heartbeat")
+
+    def _hand_back(self, hs: Sequence[Held]) -> None:
+        """Give back, in one statement, the jobs the snapshots still own (they
+        never started): pending again with the claim's attempt taken back, or
+        cancelled when their cancel was requested meanwhile."""
+        owned = {h.id for h in hs if self._ownership("hand_back", h)}
+        with self._tx() as (session, now):
+            given_back = self.repo.hand_back(session, [h.job for h in hs])
+        assert given_back == owned, "hand_back must give back exactly the jobs still owned"
+        for job_id in owned:
+            row = self.model[job_id]
+            self.handed_back.add(job_id)
+            if row.cancel_requested_at is not None:
+                event("hand_back: cancelled (requested)")
+                self._set(job_id, status=CANCELLED, attempts=row.attempts - 1, finished_at=now, **RELEASED)
+            else:
+                self._set(job_id, status=PENDING, attempts=row.attempts - 1, finished_at=None, **RELEASED)
+        self._assert_untouched({h.id for h in hs} - owned, "hand_back")
 
     # -- rules: fenced writes ----------------------------------------------------
 
@@ -597,6 +654,8 @@ class QueueMachine(RuleBasedStateMachine):
             self._fail(hs[0], backoff, discard, error)
         elif verb == "complete_many":
             self._complete_many(hs)
+        elif verb == "hand_back":
+            self._hand_back(hs)
         else:
             self._heartbeat(hs, lease)
 
@@ -606,10 +665,12 @@ class QueueMachine(RuleBasedStateMachine):
         return data.draw(st.sampled_from(owners), label="owner")
 
     @precondition(_has(RUNNING))
-    @rule(data=st.data(), verb=st.sampled_from(("complete", "complete_many", "heartbeat")), lease=leases)
+    @rule(data=st.data(), verb=st.sampled_from(("complete", "complete_many", "heartbeat", "hand_back")),
+          lease=leases)
     def work(self, data: st.DataObject, verb: str, lease: timedelta) -> None:
-        """A worker that owns its job completes it or extends its lease; the
-        batched verbs take other snapshots along, stale ones included."""
+        """A worker that owns its job completes it, extends its lease or (stopping)
+        hands it back unstarted; the batched verbs take other snapshots along,
+        stale ones included."""
         h = self._owner(data)
         others = data.draw(st.lists(st.sampled_from(self.snapshots), max_size=2), label="along")
         self._write(verb, [h, *others], BACKOFFS[0], False, "", lease)
@@ -645,7 +706,7 @@ class QueueMachine(RuleBasedStateMachine):
         self._expire(h.id)
         with self._tx() as (session, now):
             result = self.repo.reap(session, task_max_attempts=TASK_LIMITS if task_limits else None)
-        assert (result.requeued, result.dead) == self._reap(now, 1000, task_limits)
+        assert (result.requeued, result.dead, result.cancelled) == self._reap(now, 1000, task_limits)
         # Each transition on its own: the invariant allows one per job and check.
         self.table_matches_the_rules()
         if self.model[h.id].status == PENDING:
@@ -659,6 +720,7 @@ class QueueMachine(RuleBasedStateMachine):
             # The state the stale write must leave alone.
             self.table_matches_the_rules()
         self._heartbeat([h], lease)
+        self._hand_back([h])
         self._fail(h, BACKOFFS[0], discard=False, error="stale")
         self._complete_many([h])
         self._complete(h)
@@ -695,27 +757,43 @@ class QueueMachine(RuleBasedStateMachine):
         """A reaper takes back up to ``limit`` expired leases, oldest first."""
         with self._tx() as (session, now):
             result = self.repo.reap(session, limit=limit, task_max_attempts=TASK_LIMITS if task_limits else None)
-        assert (result.requeued, result.dead) == self._reap(now, limit, task_limits)
+        assert (result.requeued, result.dead, result.cancelled) == self._reap(now, limit, task_limits)
 
-    @precondition(_has(PENDING, DEAD, CANCELLED))
+    @precondition(_has(PENDING, RUNNING, DEAD, CANCELLED))
     @rule(data=st.data(), verb=st.sampled_from(("retry", "cancel")))
     def operator(self, data: st.DataObject, verb: str) -> None:
-        """An operator retries a dead or cancelled job, or cancels a pending one
-        (mostly jobs in those statuses, sometimes any job, deleted ones included)."""
+        """An operator retries a dead or cancelled job, or cancels a pending or
+        running one (mostly jobs in those statuses, sometimes any job, deleted
+        ones included)."""
         if verb == "cancel":
-            self._cancel(self._pick_job(data, "cancel", [PENDING]))
+            self._cancel(self._pick_job(data, "cancel", LIVE))
         else:
             self._retry(self._pick_job(data, "retry", [DEAD, CANCELLED]))
 
+    @precondition(_has(RUNNING))
+    @rule(data=st.data())
+    def cancel_running(self, data: st.DataObject) -> None:
+        """An operator cancels a running job: the request is recorded, and the
+        job's next exit from running decides (a completion completes it; a
+        failure, a hand-back or a reap ends it cancelled)."""
+        running = sorted(r.id for r in self.model.values() if r.status == RUNNING)
+        self._cancel(data.draw(st.sampled_from(running), label="cancel a running job"))
+
     def _cancel(self, job_id: int) -> None:
-        """Cancel a job; only a pending one is."""
+        """Cancel a job: a pending one is cancelled at once; a running one stays
+        running with the request recorded (the first request's time kept)."""
         with self._tx() as (session, now):
-            cancelled = self.repo.cancel(session, job_id)
+            accepted = self.repo.cancel(session, job_id)
         row = self.model.get(job_id)
-        assert cancelled == (row is not None and row.status == PENDING)
-        event(f"cancel: a job {row.status if row else 'deleted'}")
-        if cancelled:
+        assert accepted == (row is not None and row.status in LIVE)
+        again = row is not None and row.cancel_requested_at is not None
+        event(f"cancel: a job {row.status if row else 'deleted'}{', requested before' if again else ''}")
+        if not accepted or row is None:
+            return
+        if row.status == PENDING:
             self._set(job_id, status=CANCELLED, finished_at=now)
+        else:
+            self._set(job_id, cancel_requested_at=row.cancel_requested_at or now)
 
     def _retry(self, job_id: int) -> None:
         """Retry a job; only a dead or cancelled one whose dedupe key is free is."""
@@ -728,10 +806,11 @@ class QueueMachine(RuleBasedStateMachine):
         assert retried == (row is not None and row.status in (DEAD, CANCELLED) and not key_taken)
         event(f"retry: {retried}" + (", dedupe key taken" if key_taken and row and row.status in FINISHED else ""))
         if retried and row is not None:
-            self._set(
-                job_id, status=PENDING, run_at=now, finished_at=None,
-                max_attempts=max(row.max_attempts, row.attempts + 1),
-            )
+            # A limit given at enqueue grows to attempts + 1; none given stays none.
+            limit = None if row.max_attempts is None else max(row.max_attempts, row.attempts + 1)
+            self.granted[job_id] = row.attempts + 1
+            self._set(job_id, status=PENDING, run_at=now, finished_at=None, max_attempts=limit,
+                      cancel_requested_at=None)
 
     @precondition(_has(*FINISHED))
     @rule(
@@ -821,7 +900,7 @@ class QueueMachine(RuleBasedStateMachine):
         in_flight = [h.id] if owned else []
         if owned and h.id in {r.id for r in self._expired(b_now)}:
             event("complete during a reap: lease expired, the reaper skipped the row")
-        assert (result.requeued, result.dead) == self._reap(b_now, 1000, task_limits, skip=in_flight)
+        assert (result.requeued, result.dead, result.cancelled) == self._reap(b_now, 1000, task_limits, skip=in_flight)
         if owned and commit_complete:
             self._completed(h.id, a_now)
 
@@ -871,7 +950,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert not thread.is_alive(), "the completion never returned"
         if "error" in outcome:
             raise outcome["error"]
-        assert (result.requeued, result.dead) == self._reap(b_now, 1000, task_limits)
+        assert (result.requeued, result.dead, result.cancelled) == self._reap(b_now, 1000, task_limits)
         if self._owns(h):
             assert outcome["result"] == "completed"
             self._completed(h.id, outcome["now"])
@@ -912,12 +991,16 @@ class QueueMachine(RuleBasedStateMachine):
             if old is None or new is None:
                 continue
             claimed = move == (PENDING, RUNNING)
-            assert new.attempts == old.attempts + (1 if claimed else 0), f"job {job_id}: attempts moved {move}"
-            assert new.max_attempts >= old.max_attempts, f"job {job_id}: max_attempts shrank"
+            taken_back = job_id in self.handed_back and move in ((RUNNING, PENDING), (RUNNING, CANCELLED))
+            expected = old.attempts + (1 if claimed else 0) - (1 if taken_back else 0)
+            assert new.attempts == expected, f"job {job_id}: attempts moved {move}"
+            assert (new.max_attempts is None) == (old.max_attempts is None), f"job {job_id}: max_attempts set or unset"
+            if new.max_attempts is not None and old.max_attempts is not None:
+                assert new.max_attempts >= old.max_attempts, f"job {job_id}: max_attempts shrank"
         for row in rows.values():
-            within = row.attempts < row.limit_bound() if row.status in (PENDING, CANCELLED) else (
-                row.attempts <= row.limit_bound()
-            )
+            bound = row.limit_bound(self.granted.get(row.id, 0))
+            # A job cancelled while running may have used its last attempt.
+            within = row.attempts < bound if row.status == PENDING else row.attempts <= bound
             assert within, f"job {row.id}: {row.attempts} attempts in {row.status} exceeds its limit"
             owned = row.status == RUNNING
             assert (row.lock_token is not None) == owned, f"job {row.id}: lock_token while {row.status}"
@@ -940,6 +1023,7 @@ class QueueMachine(RuleBasedStateMachine):
             expected_stats[row.status] = (count + 1, age)
         assert {s.status: (s.count, s.oldest_runnable_age) for s in stats} == expected_stats
         self.observed = rows
+        self.handed_back.clear()
 
 
 @pytest.mark.parametrize("repository", [jobs, reports], ids=["delete_when_done", "keep_done"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 from sqllog import recorded_sql
+from waiting import wait_for
 
 from sa_jobqueue import JobRepository, JobSpec, TaskRegistry, Worker
 from sa_jobqueue.connections import raw_connect
@@ -91,13 +91,6 @@ def running(worker: Worker) -> Iterator[None]:
         worker.stop()
         thread.join(timeout=30)
     assert not thread.is_alive()
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _ledger_count(sessions: sessionmaker[Session]) -> int:
@@ -201,7 +194,7 @@ def _until_idle(sessions: sessionmaker[Session], claim_clock: Callable[[], float
     the job's notification.
     """
     stamp.release.set()
-    _wait_for(lambda: len(stamp.ran_at) == 1, 30, "the stamp job to go on")
+    wait_for(lambda: len(stamp.ran_at) == 1, 30, "the stamp job to go on")
 
     def idle() -> bool:
         if claim_clock() <= stamp.ran_at[0]:
@@ -212,7 +205,7 @@ def _until_idle(sessions: sessionmaker[Session], claim_clock: Callable[[], float
                 "AND state = 'active' AND query LIKE :claim"
             ), {"claim": _CLAIM})
 
-    _wait_for(idle, 30, "the worker's claim after the stamp job, and no claim running")
+    wait_for(idle, 30, "the worker's claim after the stamp job, and no claim running")
 
 
 @pytest.mark.parametrize("mode", ["lease", "transaction"])
@@ -225,13 +218,13 @@ def test_a_notification_wakes_an_idle_worker_long_before_its_next_poll(
     registry, stamp = _stamping_tasks()
     _enqueue_stamp(sessions)
     with running(Worker(engine, jobs, registry, mode=mode, poll_interval=120)):
-        _wait_for(lambda: len(_listeners(sessions)) == 1, 30, "the listener to connect")
+        wait_for(lambda: len(_listeners(sessions)) == 1, 30, "the listener to connect")
         _until_idle(sessions, claim_clock, stamp)
         with sessions.begin() as session:
             jobs.enqueue(session, "ledger")
-        _wait_for(lambda: _ledger_count(sessions) == 2, 30, "the job to run")
+        wait_for(lambda: _ledger_count(sessions) == 2, 30, "the job to run")
     # The listener closed its connection; its backend exits when it gets to it.
-    _wait_for(lambda: _listeners(sessions) == [], 30, "the listener's backend to exit")
+    wait_for(lambda: _listeners(sessions) == [], 30, "the listener's backend to exit")
 
 
 def test_the_listener_reconnects_after_its_connection_is_killed(
@@ -240,7 +233,7 @@ def test_the_listener_reconnects_after_its_connection_is_killed(
     registry, stamp = _stamping_tasks()
     _enqueue_stamp(sessions)
     with running(Worker(engine, jobs, registry, poll_interval=120)):
-        _wait_for(lambda: len(_listeners(sessions)) == 1, 30, "the listener to connect")
+        wait_for(lambda: len(_listeners(sessions)) == 1, 30, "the listener to connect")
         [first] = _listeners(sessions)
         with sessions.begin() as session:
             session.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
@@ -249,11 +242,11 @@ def test_the_listener_reconnects_after_its_connection_is_killed(
             now = _listeners(sessions)  # one snapshot: the old backend may still be exiting
             return len(now) == 1 and now[0] != first
 
-        _wait_for(reconnected_alone, 30, "the listener to reconnect")
+        wait_for(reconnected_alone, 30, "the listener to reconnect")
         _until_idle(sessions, claim_clock, stamp)
         with sessions.begin() as session:
             jobs.enqueue(session, "ledger")
-        _wait_for(lambda: _ledger_count(sessions) == 2, 30, "the job to run")
+        wait_for(lambda: _ledger_count(sessions) == 2, 30, "the job to run")
 
 
 def test_a_listener_connects_as_the_engine_does(db_url: URL, engine: Engine) -> None:
@@ -280,12 +273,12 @@ def test_a_listener_connects_as_the_engine_does(db_url: URL, engine: Engine) -> 
         assert len(backends()) == 1  # named by the engine's connect_args, not by the listener
         with engine.begin() as conn:
             conn.execute(text("SELECT pg_notify(:channel, 'a queue')"), {"channel": jobs.channel})
-        _wait_for(lambda: notes == [(jobs.channel, "a queue")], 30, "the notification")
+        wait_for(lambda: notes == [(jobs.channel, "a queue")], 30, "the notification")
     finally:
         listener.stop()
         app.dispose()
     assert not listener.connected.is_set()
-    _wait_for(lambda: backends() == [], 30, "the listener's backend to exit")
+    wait_for(lambda: backends() == [], 30, "the listener's backend to exit")
 
 
 def test_listen_false_opens_no_listener_and_polling_still_runs_jobs(
@@ -294,7 +287,7 @@ def test_listen_false_opens_no_listener_and_polling_still_runs_jobs(
     with running(Worker(engine, jobs, tasks, poll_interval=0.2, listen=False)):
         with sessions.begin() as session:
             jobs.enqueue(session, "ledger")
-        _wait_for(lambda: _ledger_count(sessions) == 1, 30, "the job to run")
+        wait_for(lambda: _ledger_count(sessions) == 1, 30, "the job to run")
         assert _listeners(sessions) == []
 
 
@@ -321,6 +314,6 @@ def test_a_busy_slot_does_not_delay_a_scheduled_job(engine: Engine, sessions: se
         with sessions.begin() as session:
             jobs.enqueue(session, "ledger", delay=timedelta(milliseconds=300))
         try:
-            _wait_for(lambda: _ledger_count(sessions) == 1, 15, "the scheduled job to run beside the long one")
+            wait_for(lambda: _ledger_count(sessions) == 1, 15, "the scheduled job to run beside the long one")
         finally:
             release.set()

@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from tcpproxy import TcpProxy
+from waiting import wait_for
 
 from sa_jobqueue.connections import raw_connect, worker_engine
 from sa_jobqueue.watchdog import Watchdog
@@ -74,13 +75,6 @@ def _in_thread(conn: Connection, query: str) -> tuple[threading.Thread, list[obj
     return thread, outcome
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _backend_exists(engine: Engine, pid: int) -> bool:
     with engine.connect() as conn:
         return bool(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).scalar())
@@ -107,7 +101,7 @@ def test_a_stalled_statement_fails_and_its_backend_is_terminated(
     assert error.connection_invalidated
     assert watchdog.freed == 1
     # `engine` reaches the server directly. The backend was told to go; it exits when it gets to it.
-    _wait_for(lambda: not _backend_exists(engine, pid), 30, "the terminated backend to exit")
+    wait_for(lambda: not _backend_exists(engine, pid), 30, "the terminated backend to exit")
 
 
 def test_a_long_statement_is_left_alone(watched: Callable[..., tuple[Engine, Watchdog]]) -> None:
@@ -175,7 +169,7 @@ def test_only_the_watched_engines_connections_are_freed(
         assert not own_thread.is_alive(), "the worker engine's stalled statement was never freed"
         looked = watchdog.looks
         # Three more looks: time enough to suspect the app's statement and confirm it twice.
-        _wait_for(lambda: watchdog.looks >= looked + 3, 30, "three more looks of the watchdog")
+        wait_for(lambda: watchdog.looks >= looked + 3, 30, "three more looks of the watchdog")
         assert app_thread.is_alive() and app_outcome == []
         assert watchdog.freed == 1
         proxy.stop()  # the app's stalled statement fails once its socket closes

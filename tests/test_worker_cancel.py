@@ -7,23 +7,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
 from jobapp import Ledger, TaskJob, jobs
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
+from waiting import wait_for
 
 from sa_jobqueue import TaskRegistry, Worker
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def _status(sessions: sessionmaker[Session], job_id: int) -> str | None:
@@ -62,7 +54,7 @@ def test_a_cooperative_handler_sees_the_cancel_and_its_writes_never_commit(
         assert started.wait(60)
         with sessions.begin() as session:
             assert jobs.cancel(session, job.id) is True
-        _wait_for(lambda: _status(sessions, job.id) == "cancelled", 60, "the job to end cancelled")
+        wait_for(lambda: _status(sessions, job.id) == "cancelled", 60, "the job to end cancelled")
     finally:
         worker.stop()
         thread.join(60)
@@ -97,7 +89,7 @@ def test_a_handler_that_ignores_the_cancel_is_ended_at_its_deadline(
         assert started.wait(60)
         with sessions.begin() as session:
             assert jobs.cancel(session, job.id) is True
-        _wait_for(lambda: _status(sessions, job.id) == "cancelled", 60, "the job to end cancelled")
+        wait_for(lambda: _status(sessions, job.id) == "cancelled", 60, "the job to end cancelled")
     finally:
         release.set()
         worker.stop()

@@ -9,7 +9,6 @@ import asyncio
 import logging
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,18 +19,11 @@ from jobapp import QUICK, Ledger, TaskJob, jobs
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
+from waiting import wait_for
 
 from sa_jobqueue import InvalidArgumentError, JobSpec, RetryJob, TaskRegistry, Worker, WorkerStuckError
 
 MODES = ["lease", "transaction"]
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def _row(sessions: sessionmaker[Session], job_id: int) -> TaskJob | None:
@@ -194,12 +186,12 @@ def test_a_failing_completion_write_backs_off_and_loses_nothing(
             found = [re.search(r"next try in ([0-9.]+) s", r.getMessage()) for r in caplog.records]
             return [float(m.group(1)) for m in found if m]
 
-        _wait_for(lambda: len(failures()) >= 4, 60, "four failed completion writes")
+        wait_for(lambda: len(failures()) >= 4, 60, "four failed completion writes")
         waits = failures()
         assert waits[:4] == [0.1, 0.2, 0.4, 0.8]  # doubling, one log line per try
         with engine.begin() as conn:
             conn.execute(text(f"GRANT DELETE ON task_jobs TO {role}"))
-        _wait_for(lambda: worker.result.completed == 5, 60, "the completions to be written")
+        wait_for(lambda: worker.result.completed == 5, 60, "the completions to be written")
         with sessions() as session:
             assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
     finally:
@@ -232,11 +224,11 @@ def test_a_job_past_its_deadline_fails_with_a_timeout_and_its_late_return_commit
         row = _row(sessions, job.id)
         return row is not None and row.status == "dead"
 
-    _wait_for(dead, 60, "the job to time out")
+    wait_for(dead, 60, "the job to time out")
     row = _row(sessions, job.id)
     assert row is not None and row.attempts == 1 and row.last_error == "timed out after 0.3 s"
     release.set()
-    _wait_for(lambda: worker.result.dead == 1, 60, "the timeout to be counted")
+    wait_for(lambda: worker.result.dead == 1, 60, "the timeout to be counted")
     worker.stop()
     thread.join(60)
     assert _ledger(sessions) == []  # the late return committed nothing
@@ -349,7 +341,7 @@ def test_a_python_hang_in_transaction_mode_rolls_its_batch_back_and_replaces_the
         return row is not None and row.status == "pending" and row.attempts == 0
 
     # The terminated backend's transaction ends asynchronously.
-    _wait_for(pending_again, 60, "the batch's transaction to roll back")
+    wait_for(pending_again, 60, "the batch's transaction to roll back")
     assert _ledger(sessions) == []
 
 
@@ -377,11 +369,11 @@ def test_a_job_whose_session_cannot_connect_is_handed_back_without_spending_an_a
         caplog.set_level(logging.ERROR, logger="sa_jobqueue.worker")
         worker = Worker(app, jobs, registry, concurrency=1, listen=False, poll_interval=0.05)
         in_thread(worker)
-        _wait_for(lambda: worker.result.handed_back >= 2, 60, "the job to be handed back twice")
+        wait_for(lambda: worker.result.handed_back >= 2, 60, "the job to be handed back twice")
         assert any("pool is exhausted" in r.getMessage() for r in caplog.records)
         leaked.close()
-        _wait_for(lambda: _ledger(sessions) == [job.id], 60, "the job to run once a connection is free")
+        wait_for(lambda: _ledger(sessions) == [job.id], 60, "the job to run once a connection is free")
         assert attempts == [1]  # handed back twice or more, yet its one run is its first attempt
-        _wait_for(lambda: worker.result.completed == 1, 60, "the completion to be counted")
+        wait_for(lambda: worker.result.completed == 1, 60, "the completion to be counted")
     finally:
         app.dispose()

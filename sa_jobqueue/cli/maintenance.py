@@ -11,7 +11,7 @@ import click
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from ..mixin import DEAD
+from ..mixin import DEAD, RUNNING
 from ..repository import JobRepository
 from ..spec import FINISHED_STATUSES
 from .database import database_errors
@@ -88,10 +88,24 @@ def retry_command(
 @model_option
 @click.pass_context
 def cancel_command(ctx: click.Context, job_ids: tuple[int, ...], model_path: str) -> None:
-    """Cancel pending jobs (all or none)."""
+    """Cancel pending jobs; request the cancel of running ones (all or none)."""
     repository = repository_for(ctx, model_path)
-    count = _change_each(cli_state(ctx).engine(), repository, job_ids, repository.cancel, "pending")
-    click.echo(f"cancelled {count} job(s)")
+    t = repository.table
+    requested: set[int] = set()
+
+    def cancel(session: Session, job_id: int) -> bool:
+        if not repository.cancel(session, job_id):
+            return False
+        # cancel() is True for both: a running job stays running, its cancel requested.
+        if session.execute(select(t.c.status).where(t.c.id == job_id)).scalar_one() == RUNNING:
+            requested.add(job_id)
+        return True
+
+    count = _change_each(cli_state(ctx).engine(), repository, job_ids, cancel, "pending or running")
+    said = [f"cancelled {count - len(requested)} job(s)"] if count > len(requested) else []
+    if requested:
+        said.append(f"cancel requested for {len(requested)} running job(s)")
+    click.echo(", ".join(said))
 
 
 @click.command("purge", cls=OneLineCommand)

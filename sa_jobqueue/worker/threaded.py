@@ -38,8 +38,7 @@ from ..connections import raw_connect, worker_engine
 from ..errors import InvalidArgumentError
 from ..listener import Listener
 from ..registry import TaskRegistry
-from ..repository import DEFAULT_LEASE, JobRepository, default_worker_name
-from ..spec import check_repositories
+from ..repository import DEFAULT_LEASE, JobRepository, check_repositories, default_worker_name
 from ..watchdog import Watchdog
 from .books import Books, WorkerResult
 from .completer import Completer

@@ -1,0 +1,73 @@
+"""Claiming: runnable jobs taken in one statement and handed back as snapshots.
+
+:class:`Claimer` runs the claim behind :meth:`JobRepository.claim` (its
+arguments already checked). The statement (:func:`sa_jobqueue.statements.claim`)
+returns the payload as JSON text, decoded row by row with the decoder the
+driver would use (:func:`~sa_jobqueue.snapshot.json_loads`). A claimed row
+whose payload cannot be decoded is not handed back: it goes to ``dead`` at
+once, in the same session, in one fenced statement; when only such rows came
+back, the claim is made again, so an empty result still means an empty queue.
+A claim's owner is named by :func:`default_worker_name` unless given, and
+its lease lasts :data:`DEFAULT_LEASE` unless given.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy.orm import Session
+
+from . import statements
+from .checks import clean_error
+from .mixin import JobMixin
+from .snapshot import Snapshots, json_loads
+
+M = TypeVar("M", bound=JobMixin)
+
+log = logging.getLogger("sa_jobqueue.repository")
+
+_NO_SYNC = {"synchronize_session": False}
+DEFAULT_LEASE = timedelta(seconds=60)
+
+
+def default_worker_name() -> str:
+    """``host:pid:random``: unique per process, readable in ``locked_by``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Claimer(Generic[M]):
+    """Claims jobs of one table (see :func:`sa_jobqueue.statements.claim` for the statement)."""
+
+    def __init__(self, model: type[M], snapshots: Snapshots[M]) -> None:
+        self.model = model
+        self.snapshots = snapshots
+        # Built once, reused with new parameters (SQLAlchemy's compiled cache).
+        self._claim = statements.claim(model).returning(*snapshots.text_columns)
+        self._bury = statements.bury(model)
+
+    def claim(self, session: Session, params: dict[str, Any]) -> list[M]:
+        """Run the claim with checked ``params`` (``queues``, ``limit``,
+        ``worker``, ``lease``); return the decodable jobs in claim order."""
+        loads = json_loads(session.connection(bind_arguments={"mapper": self.model}))
+        while True:
+            jobs, failed = self.snapshots.decode(session.execute(self._claim, params).all(), loads)
+            if not failed:
+                break
+            self._bury_undecodable(session, failed)  # each round takes rows off the queue for good
+            if jobs:
+                break
+        jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
+        return jobs
+
+    def _bury_undecodable(self, session: Session, failed: list[tuple[M, str]]) -> None:
+        """Send claimed jobs whose payload cannot be decoded to dead, in one fenced statement."""
+        errors = [clean_error(f"payload cannot be decoded: {error}") for _, error in failed]
+        params = {"ids": [j.id for j, _ in failed], "tokens": [j.lock_token for j, _ in failed], "errors": errors}
+        session.execute(self._bury, params, execution_options=_NO_SYNC)
+        for (job, _), error in zip(failed, errors, strict=True):
+            log.warning("%s %s (%s) sent to dead: %s", self.model.__name__, job.id, job.task, error[:500])

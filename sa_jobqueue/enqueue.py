@@ -1,0 +1,152 @@
+"""Enqueueing: checked rows written in the caller's transaction, and their wake-up.
+
+:class:`Enqueuer` writes the rows behind :meth:`JobRepository.enqueue` and
+:meth:`JobRepository.enqueue_many` (rows already checked by
+:func:`~sa_jobqueue.spec.to_row`) and returns them as detached snapshots
+(:mod:`sa_jobqueue.snapshot`):
+
+* one row without a dedupe key: one ``INSERT … RETURNING``, with the NOTIFY
+  folded into the same statement when the transaction has not notified its
+  queue yet;
+* many rows: the statements of :func:`~sa_jobqueue.bulk.write_order`, rows
+  with a dedupe key first in one global order (``INSERT … ON CONFLICT DO
+  NOTHING``, the live holder of a key returned in place of a new row), then
+  the others through COPY when it can stand in for the INSERT;
+* the wake-up: a NOTIFY on the table's channel once per transaction and
+  queue of runnable jobs (the session's ``info`` remembers which were
+  sent); jobs scheduled later send nothing, polling picks them up on time.
+
+Nothing here commits: the rows and the NOTIFY commit or vanish with the
+caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy import Table
+from sqlalchemy.orm import Session
+
+from . import bulk, statements
+from .mixin import JobMixin
+from .snapshot import Snapshots
+
+M = TypeVar("M", bound=JobMixin)
+
+# session.info key: (transaction, {(channel, queue)}) already notified in it.
+NOTIFIED = "sa_jobqueue.notified"
+
+
+def runnable_now(row: dict[str, Any]) -> bool:
+    """Whether a checked row is runnable at once (no delay, no future run_at)."""
+    return not row["delay"] and (row["run_at"] is None or row["run_at"] <= datetime.now(timezone.utc))
+
+
+class Enqueuer(Generic[M]):
+    """Writes checked rows of one job table and notifies their queues."""
+
+    def __init__(self, model: type[M], table: Table, snapshots: Snapshots[M], *, channel: str, copy: bool) -> None:
+        """``copy``: whether COPY may stand in for the INSERT of plain rows
+        (a table without columns of the application's own, see :mod:`sa_jobqueue.bulk`)."""
+        self.model = model
+        self.table = table
+        self.snapshots = snapshots
+        self.channel = channel
+        # What COPY leaves to the table's defaults; None: this table takes INSERT only.
+        self._defaults = bulk.stored_defaults(table) if copy else None
+        # Statements are values: built once, reused with new parameters, so the
+        # hot path skips construction and hits SQLAlchemy's compiled cache.
+        returned = snapshots.columns
+        self._insert = statements.insert_jobs(model, dedupe=False).returning(*returned, sort_by_parameter_order=True)
+        self._insert_dedupe = statements.insert_jobs(model, dedupe=True).returning(*returned)
+        self._insert_one = statements.insert_jobs(model, dedupe=False).returning(*returned)
+        self._insert_one_notify = statements.insert_jobs(model, dedupe=False).returning(
+            *returned, statements.notify_column(model)
+        )
+        self._notify = statements.notify()
+        self._sequence: str | None = None  # the id sequence, read at the first COPY
+
+    def one(self, session: Session, row: dict[str, Any], *, notify: bool) -> M:
+        """Insert one row without a dedupe key; with ``notify``, wake its queue."""
+        if not (notify and runnable_now(row) and row["queue"] not in self.notified(session)):
+            return self.snapshots.one(session.execute(self._insert_one, row).one())
+        inserted = session.execute(self._insert_one_notify, row | {"sajq_channel": self.channel}).one()
+        self._mark_notified(session, [row["queue"]])
+        return self.snapshots.one(inserted)
+
+    def many(self, session: Session, rows: list[dict[str, Any]], *, notify: bool) -> list[M]:
+        """Insert ``rows`` and return their jobs in input order: a row whose
+        dedupe key a live job (or an earlier row) holds comes back as that job."""
+        result: list[M | None] = [None] * len(rows)
+        for dedupe, indexes in bulk.write_order(rows):
+            params = [rows[i] for i in indexes]
+            if dedupe:
+                for i, job in zip(indexes, self._insert_keyed(session, params), strict=True):
+                    result[i] = job
+                continue
+            copied = self._copy(session, params)
+            written = copied if copied is not None else self.snapshots.all(session.execute(self._insert, params).all())
+            for i, job in zip(indexes, written, strict=True):
+                result[i] = job
+        if notify:
+            self.notify_queues(session, {row["queue"] for row in rows if runnable_now(row)})
+        return [job for job in result if job is not None]
+
+    def _insert_keyed(self, session: Session, rows: list[dict[str, Any]]) -> list[M]:
+        """Rows with a dedupe key (one statement's worth): each row's new job,
+        or the live job holding its key."""
+        inserted = self.snapshots.all(session.execute(self._insert_dedupe, rows).all())
+        by_key = {(job.queue, job.dedupe_key): job for job in inserted}
+        wanted = {(row["queue"], row["dedupe_key"]) for row in rows} - set(by_key)
+        if wanted:
+            held = statements.live_jobs_by_dedupe_key(
+                self.model, self.snapshots.columns, [q for q, _ in wanted], [k for _, k in wanted]
+            )
+            existing = self.snapshots.all(session.execute(held).all())
+            by_key.update({(job.queue, job.dedupe_key): job for job in existing})
+        jobs: list[M] = []
+        for row in rows:
+            found = by_key.get((row["queue"], row["dedupe_key"]))
+            if found is None:
+                # The live holder finished between our INSERT and SELECT;
+                # the key is free again, so this row goes in after all.
+                found = self.many(session, [row], notify=False)[0]
+                by_key[(row["queue"], row["dedupe_key"])] = found
+            jobs.append(found)
+        return jobs
+
+    def _copy(self, session: Session, rows: list[dict[str, Any]]) -> list[M] | None:
+        """COPY plain rows when COPY can stand in for the INSERT (see :mod:`sa_jobqueue.bulk`)."""
+        if len(rows) < bulk.COPY_THRESHOLD or self._defaults is None:
+            return None
+        conn = bulk.driver_connection(session)
+        if conn is None:
+            return None
+        if self._sequence is None:
+            self._sequence = bulk.sequence_of(session, self.table)
+        stored = bulk.copy_rows(session, conn, self.table, self._sequence, rows, self._defaults)
+        return [self.snapshots.of(values) for values in stored]
+
+    def notify_queues(self, session: Session, queues: set[str]) -> None:
+        """NOTIFY the ``queues`` not yet notified in this transaction, in one statement."""
+        fresh = sorted(queues - self.notified(session))
+        if fresh:
+            session.execute(self._notify, {"channel": self.channel, "queues": fresh})
+            self._mark_notified(session, fresh)
+
+    def notified(self, session: Session) -> set[str]:
+        """The queues of this table already notified in the session's transaction."""
+        seen: tuple[object, set[tuple[str, str]]] | None = session.info.get(NOTIFIED)
+        if seen is None or seen[0] is not session.get_transaction():
+            return set()
+        return {queue for channel, queue in seen[1] if channel == self.channel}
+
+    def _mark_notified(self, session: Session, queues: Iterable[str]) -> None:
+        transaction = session.get_transaction()
+        seen: tuple[object, set[tuple[str, str]]] | None = session.info.get(NOTIFIED)
+        if seen is None or seen[0] is not transaction:
+            seen = (transaction, set())
+            session.info[NOTIFIED] = seen
+        seen[1].update((self.channel, queue) for queue in queues)

@@ -1,0 +1,94 @@
+"""Concurrent ``enqueue_many`` with overlapping dedupe keys: no deadlock, one job per key.
+
+Producers on separate connections enqueue the same fresh keys at the same
+instant, each in an order of its own. An INSERT that meets a key another
+transaction inserted but has not committed waits for that transaction; two
+producers writing the keys in opposite orders then wait for each other, and
+PostgreSQL breaks the cycle by failing one of them (DeadlockDetected) after
+``deadlock_timeout``. Written in one order, they only ever queue up behind
+each other.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from jobapp import EmailJob, emails
+from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from sa_jobqueue import JobSpec
+
+PRODUCERS = 8
+# SQLAlchemy sends the rows of one INSERT in pages of this many (default
+# 1000): a small page makes a call of 50 rows several statements, with the
+# rows of the first pages locked while the next are sent, as a call of a few
+# thousand rows is with the default page.
+PAGE = 10
+KEYS = 50
+ROUNDS = 20
+TIMEOUT = 60.0
+
+
+def test_concurrent_enqueue_many_with_shuffled_dedupe_keys_does_not_deadlock(engine: Engine) -> None:
+    paged = create_engine(engine.url, pool_size=PRODUCERS, insertmanyvalues_page_size=PAGE)
+    try:
+        _race(sessionmaker(paged, expire_on_commit=False))
+    finally:
+        paged.dispose()
+
+
+def _race(sessions: sessionmaker[Session]) -> None:
+    # Each round uses fresh keys (a live job holding a key commits once, and a
+    # key already committed makes no one wait), so every round is a new race.
+    barrier = threading.Barrier(PRODUCERS, timeout=TIMEOUT)
+    errors: list[BaseException] = []
+    # results[round][producer]: the ids enqueue_many returned, keyed by dedupe key.
+    results: list[list[dict[str, int]]] = [[{} for _ in range(PRODUCERS)] for _ in range(ROUNDS)]
+
+    def produce(producer: int) -> None:
+        shuffler = random.Random(producer)
+        try:
+            for round_ in range(ROUNDS):
+                keys = [f"r{round_}-k{i}" for i in range(KEYS)]
+                shuffler.shuffle(keys)
+                # Rows of two shapes (with and without a column of the
+                # app's own: one statement takes one shape), differing per
+                # producer, and a row without a key.
+                specs = [
+                    JobSpec("noop", {"k": key}, dedupe_key=key, extra={"tenant_id": producer} if i % 3 else {})
+                    for i, key in enumerate(keys)
+                ]
+                specs.insert(KEYS // 2, JobSpec("noop", {"plain": round_}))
+                barrier.wait()
+                with sessions.begin() as session:
+                    created = emails.enqueue_many(session, specs)
+                assert [job.dedupe_key for job in created] == [spec.dedupe_key for spec in specs]
+                assert [job.payload for job in created] == [spec.payload for spec in specs]
+                results[round_][producer] = {job.dedupe_key: job.id for job in created if job.dedupe_key}
+        except BaseException as exc:  # noqa: B036 - reported by the test below
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=produce, args=(p,), daemon=True) for p in range(PRODUCERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT * ROUNDS)
+    assert not any(thread.is_alive() for thread in threads), "a producer hangs"
+    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+    assert not real, f"{len(real)} producer(s) failed, first: {real[0]!r}"
+    assert not errors
+
+    # Every producer got the same job for a key: the one job that holds it.
+    for round_ in range(ROUNDS):
+        first = results[round_][0]
+        assert len(first) == KEYS
+        assert all(seen == first for seen in results[round_])
+    with sessions() as session:
+        keyed = session.scalar(select(func.count()).select_from(EmailJob).where(EmailJob.dedupe_key.is_not(None)))
+        distinct = session.scalar(select(func.count(func.distinct(EmailJob.dedupe_key))))
+        plain = session.scalar(select(func.count()).select_from(EmailJob).where(EmailJob.dedupe_key.is_(None)))
+    assert keyed == distinct == ROUNDS * KEYS
+    assert plain == ROUNDS * PRODUCERS

@@ -1,0 +1,16 @@
+"""Waiting for a state, with a timeout: the one way tests wait on something
+asynchronous (a backend's exit, a NOTIFY, a worker's progress)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, *, every: float = 0.02) -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
