@@ -25,15 +25,17 @@ from .errors import (
     RetryJob,
     WorkerStuckError,
 )
-from .mixin import STATUSES, JobMixin, job_table_args
+from .mixin import JobMixin, job_table_args
 from .periodic import Periodic, PeriodicScheduler, create_periodic_table
 from .registry import Task, TaskRegistry
 from .reports import LeaseReport, QueueStats, ReapResult
 from .repository import JobRepository
 from .retry import RetryPolicy
 from .spec import JobSpec
+from .states import STATUSES
 from .urls import psycopg_url
-from .worker import Worker, WorkerResult
+from .worker.books import WorkerResult
+from .worker.threaded import Worker
 
 __version__ = "0.1.0"
 

@@ -38,7 +38,7 @@ from sqlalchemy import ColumnElement, Table, TextClause, bindparam, text
 from sqlalchemy.orm import Session
 from sqlalchemy.types import String
 
-from .mixin import COLUMN_DEFAULTS, NOW_DEFAULTS, server_default
+from .states import COLUMN_DEFAULTS, NOW_DEFAULTS, server_default
 
 # The columns COPY writes; the others take their defaults.
 _COPIED = ("id", "task", "queue", "payload", "priority", "run_at", "max_attempts")

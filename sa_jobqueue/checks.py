@@ -29,8 +29,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, scoped_session
 
-from .errors import InvalidArgumentError
-from .mixin import CANCELLED, DEAD, DONE, NAME_LENGTH
+from .errors import InvalidArgumentError, shown
+from .states import CANCELLED, DEAD, DONE, NAME_LENGTH
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -50,15 +50,6 @@ schedules a century ahead; refusing earlier keeps every row readable.
 LOCKED_BY_LENGTH = 255
 FINISHED_STATUSES = (DONE, DEAD, CANCELLED)
 MAX_POLL_INTERVAL = 86400.0
-_SHOW = 60
-
-
-def shown(value: object) -> str:
-    """``repr(value)``, cut short: an error message never carries a huge value."""
-    text = repr(value)
-    return text if len(text) <= _SHOW else f"{text[:_SHOW]}… ({len(text)} characters)"
-
-
 # -- text and numbers --------------------------------------------------------
 
 

@@ -22,6 +22,14 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+_SHOW = 60
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut short: an error message never carries a huge value."""
+    text = repr(value)
+    return text if len(text) <= _SHOW else f"{text[:_SHOW]}… ({len(text)} characters)"
+
 
 class JobQueueError(Exception):
     """Base class of every error raised by sa_jobqueue."""

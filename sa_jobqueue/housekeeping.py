@@ -34,9 +34,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from .listener import CHANNEL_PREFIX
-from .mixin import CANCELLED, DEAD, PENDING, RUNNING
 from .statements import PENDING_LITERAL, RUNNING_LITERAL, attempts_limit, cancel_requested, released
+from .states import CANCELLED, DEAD, PENDING, RUNNING
 
 
 def reap(model: Any) -> Update:
@@ -79,18 +78,6 @@ def reap(model: Any) -> Update:
         )
         .returning(t.c.id, t.c.status)
     )
-
-
-def cancel_channel_name(table_name: str) -> str:
-    """The NOTIFY channel of a job table's cancel requests (``JobRepository.cancel_channel``);
-    each notification's payload is the id of a running job whose cancel was requested.
-
-    The ``:`` keeps it apart from every table's wake-up channel
-    (:func:`~sa_jobqueue.listener.channel_name`: no plain identifier holds a
-    ``:``); quote the name in a hand-written ``LISTEN``. It fits PostgreSQL's
-    63 bytes for the longest job table name.
-    """
-    return f"{CHANNEL_PREFIX}cancel:{table_name}"
 
 
 def cancel(model: Any) -> Update:

@@ -42,15 +42,8 @@ from .watchdog import socket_deadline
 
 log = logging.getLogger("sa_jobqueue.listener")
 
-CHANNEL_PREFIX = "sa_jobqueue_"
-
 #: The ``application_name`` of a listener's session, unless told otherwise.
 LISTENER_APPLICATION_NAME = "sa_jobqueue listener"
-
-
-def channel_name(table_name: str) -> str:
-    """The NOTIFY channel of a job table: one per table, named after it."""
-    return f"{CHANNEL_PREFIX}{table_name}"
 
 
 class Listener:

@@ -33,11 +33,8 @@ Set ``__keep_done__ = True`` on the model to keep completed jobs as ``done``
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Mapping
 from datetime import datetime
-from types import MappingProxyType
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -51,7 +48,6 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Text,
-    TextClause,
     Uuid,
     func,
     text,
@@ -63,53 +59,28 @@ from sqlalchemy.orm import Mapped, declared_attr, mapped_column
 from sqlalchemy.sql.naming import conv
 
 from .errors import JobTableError
-
-PENDING = "pending"
-RUNNING = "running"
-DONE = "done"
-DEAD = "dead"
-CANCELLED = "cancelled"
-STATUSES = (PENDING, RUNNING, DONE, DEAD, CANCELLED)
-LIVE_STATUSES = (PENDING, RUNNING)
-
-DEFAULT_QUEUE = "default"
-DEFAULT_MAX_ATTEMPTS = 20
-NAME_LENGTH = 128
-DEDUPE_KEY_LENGTH = 255
-PRIORITY_MIN = -32768
-PRIORITY_MAX = 32767
-
-
-# What a job column holds when an enqueue leaves it out, as Python values. The
-# columns' server defaults below are rendered from it, and the COPY path of
-# enqueue_many (bulk.py) fills its snapshots in from it, so the two cannot
-# drift. run_at and created_at default to now(); the other columns to NULL.
-COLUMN_DEFAULTS: Mapping[str, Any] = MappingProxyType({
-    "queue": DEFAULT_QUEUE, "payload": {}, "status": PENDING, "priority": 0, "attempts": 0,
-})
-NOW_DEFAULTS = frozenset({"run_at", "created_at"})
-
-
-def server_default(key: str) -> str | TextClause:
-    """The server default of job column ``key``, rendered from :data:`COLUMN_DEFAULTS`:
-    a string as itself (SQLAlchemy quotes it), a number or JSON as a SQL literal."""
-    value = COLUMN_DEFAULTS[key]
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return text(str(value))
-    return text("'" + json.dumps(value).replace("'", "''") + "'")
-
-
-def _sql_list(values: tuple[str, ...]) -> str:
-    return ", ".join(f"'{v}'" for v in values)
-
-
-# The claim's WHERE clause on status, verbatim. The claim statement and the
-# claim index are both built from it so that they cannot drift apart.
-CLAIM_PREDICATE = f"status = '{PENDING}'"
-LEASE_PREDICATE = f"status = '{RUNNING}'"
-DEDUPE_PREDICATE = f"dedupe_key IS NOT NULL AND status IN ({_sql_list(LIVE_STATUSES)})"
+from .states import (
+    CANCELLED,
+    CLAIM_PREDICATE,
+    COLUMN_DEFAULTS,
+    DEAD,
+    DEDUPE_KEY_LENGTH,
+    DEDUPE_PREDICATE,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    DONE,
+    LEASE_PREDICATE,
+    LIVE_STATUSES,
+    NAME_LENGTH,
+    NOW_DEFAULTS,
+    PENDING,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    RUNNING,
+    STATUSES,
+    server_default,
+    sql_list,
+)
 
 
 def claim_index_name(table_name: str) -> str:
@@ -153,7 +124,7 @@ def job_table_args(table_name: str) -> tuple[Any, ...]:
             f"{MAX_IDENTIFIER_BYTES} bytes, so keep it to {MAX_TABLE_NAME_BYTES} bytes"
         )
     return (
-        CheckConstraint(f"status IN ({_sql_list(STATUSES)})", name=conv(status_check_name(table_name))),
+        CheckConstraint(f"status IN ({sql_list(STATUSES)})", name=conv(status_check_name(table_name))),
         CheckConstraint("max_attempts >= 1", name=conv(max_attempts_check_name(table_name))),
         Index(
             conv(claim_index_name(table_name)),
@@ -252,3 +223,38 @@ def job_table(model: Any) -> Any:
             "return (*job_table_args(cls.__tablename__), ...)`"
         )
     return table
+
+
+# The states' names, defaults and limits were first defined here: importing
+# them from this module keeps working.
+__all__ = [
+    "CANCELLED",
+    "CLAIM_PREDICATE",
+    "COLUMN_DEFAULTS",
+    "DEAD",
+    "DEDUPE_KEY_LENGTH",
+    "DEDUPE_PREDICATE",
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_QUEUE",
+    "DONE",
+    "JobMixin",
+    "LEASE_PREDICATE",
+    "LIVE_STATUSES",
+    "MAX_IDENTIFIER_BYTES",
+    "MAX_TABLE_NAME_BYTES",
+    "NAME_LENGTH",
+    "NOW_DEFAULTS",
+    "PENDING",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
+    "RUNNING",
+    "STATUSES",
+    "claim_index_name",
+    "dedupe_index_name",
+    "job_table",
+    "job_table_args",
+    "lease_index_name",
+    "max_attempts_check_name",
+    "server_default",
+    "status_check_name",
+]

@@ -23,9 +23,9 @@ from typing import Any, TypeVar, overload
 
 from .checks import check_bool, check_name, check_timeout, positive_int
 from .errors import InvalidArgumentError
-from .mixin import DEFAULT_QUEUE
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from .schedule import Periodic, check_cron
+from .states import DEFAULT_QUEUE
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)

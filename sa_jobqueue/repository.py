@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy.orm import Session
 
 from . import housekeeping, statements
+from .channels import cancel_channel_name, channel_name
 from .checks import (
     check_aware,
     check_bool,
@@ -44,13 +45,12 @@ from .checks import (
 from .claim import DEFAULT_LEASE, Claimer, default_worker_name
 from .enqueue import Enqueuer
 from .errors import InvalidArgumentError, JobLostError
-from .housekeeping import cancel_channel_name
-from .listener import channel_name
-from .mixin import CANCELLED, DEAD, DEFAULT_QUEUE, STATUSES, JobMixin, job_table
+from .mixin import JobMixin, job_table
 from .reports import LeaseReport, QueueStats, ReapResult
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy, check_policy
 from .snapshot import Snapshots
 from .spec import JobSpec, check_specs, to_row
+from .states import CANCELLED, DEAD, DEFAULT_QUEUE, STATUSES
 
 M = TypeVar("M", bound=JobMixin)
 

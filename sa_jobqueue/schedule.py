@@ -14,10 +14,10 @@ from typing import Any
 
 from croniter import croniter  # type: ignore[import-untyped]
 
-from .checks import check_bool, check_name
+from .checks import check_bool, check_name, int_between
 from .errors import InvalidArgumentError
-from .mixin import DEFAULT_QUEUE
-from .spec import JobSpec, to_row
+from .payloads import check_payload
+from .states import DEFAULT_QUEUE, PRIORITY_MAX, PRIORITY_MIN
 
 # A periodic job's dedupe key: "periodic:<schedule name>@<tick, ISO 8601>".
 _DEDUPE_PREFIX = "periodic:"
@@ -68,8 +68,10 @@ class Periodic:
         check_name("task", self.task)
         check_name("name", self.name)
         check_bool("catch_up", self.catch_up)
-        # The job's own checks (queue, priority, payload), before any tick is due.
-        to_row(JobSpec(task=self.task, payload=self.payload, queue=self.queue, priority=self.priority), frozenset())
+        # The job's own checks (queue, priority, payload), as enqueue makes them, before any tick is due.
+        check_name("queue", self.queue)
+        int_between("priority", self.priority, PRIORITY_MIN, PRIORITY_MAX)
+        check_payload({} if self.payload is None else self.payload)
 
     def ticks_after(self, after: datetime, now: datetime, limit: int) -> list[datetime]:
         """Up to ``limit`` ticks in ``(after, now]``, oldest first."""

@@ -16,7 +16,6 @@ the names they had here are still importable from this module.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -51,13 +50,12 @@ from .checks import (
     clean_error,
     int_between,
     positive_int,
-    shown,
     text_problem,
 )
-from .errors import InvalidArgumentError
-from .mixin import DEDUPE_KEY_LENGTH, DEFAULT_QUEUE, PRIORITY_MAX, PRIORITY_MIN
+from .errors import InvalidArgumentError, shown
+from .payloads import MAX_PAYLOAD_BYTES, check_payload
+from .states import DEDUPE_KEY_LENGTH, DEFAULT_QUEUE, PRIORITY_MAX, PRIORITY_MIN
 
-MAX_PAYLOAD_BYTES = 1024 * 1024
 """The largest payload accepted, in bytes of its compact UTF-8 JSON encoding (1 MiB).
 
 A payload travels with its job on every claim: a worker claiming a batch of
@@ -94,71 +92,6 @@ class JobSpec:
     max_attempts: int | None = None
     dedupe_key: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
-
-
-# -- payloads --------------------------------------------------------------
-
-
-def _payload_strings(payload: Any) -> str | None:
-    """Walk a payload json.dumps accepted (so finite, acyclic and not too
-    deep); describe the first key or string PostgreSQL cannot take, or None."""
-    stack: list[Any] = [payload]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, str):
-            if "\x00" in value:
-                return f"has a string with a NUL character (\\x00), {shown(value)}; PostgreSQL jsonb cannot hold it"
-        elif isinstance(value, dict):
-            for key in value:
-                if not isinstance(key, str):
-                    return (
-                        f"has a {type(key).__name__} key, {shown(key)}; JSON object keys are strings "
-                        "(json.dumps would silently turn it into one)"
-                    )
-                if "\x00" in key:
-                    return f"has a key with a NUL character (\\x00), {shown(key)}; PostgreSQL jsonb cannot hold it"
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-    return None
-
-
-def check_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
-    """Return the payload if it is strict JSON PostgreSQL can store; raise naming ``payload``.
-
-    Refused: anything json.dumps cannot encode (objects, sets, bytes,
-    Decimal, datetime…: a payload is data, never code, so nothing is
-    pickled), NaN and infinity, circular or too deeply nested structures,
-    non-string object keys, NUL characters and lone surrogates in any key or
-    string, and an encoding longer than ``max_bytes`` (compact separators,
-    UTF-8).
-    """
-    try:
-        encoded = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    except RecursionError:
-        raise InvalidArgumentError("payload", "is nested too deeply to encode as JSON") from None
-    except ValueError as exc:  # NaN or infinity, a circular reference, a too long int
-        raise InvalidArgumentError("payload", f"is not valid JSON: {exc}") from None
-    except TypeError as exc:
-        raise InvalidArgumentError("payload", f"is not JSON serializable: {exc}") from None
-    try:
-        size = len(encoded.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise InvalidArgumentError(
-            "payload",
-            f"contains a lone surrogate ({encoded[exc.start]!r}) in a key or string: not valid "
-            "Unicode (undecodable bytes or broken UTF-16), so it cannot be encoded as UTF-8",
-        ) from None
-    if size > max_bytes:
-        raise InvalidArgumentError(
-            "payload",
-            f"is {size} bytes as JSON, more than the limit of {max_bytes}; store large data "
-            "elsewhere and enqueue a reference to it",
-        )
-    problem = _payload_strings(payload)
-    if problem is not None:
-        raise InvalidArgumentError("payload", problem)
-    return payload
 
 
 def check_specs(jobs: object) -> list[JobSpec]:

@@ -51,7 +51,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.types import Boolean, DateTime, Uuid
 
-from .mixin import CANCELLED, DEAD, DEDUPE_PREDICATE, DEFAULT_MAX_ATTEMPTS, DONE, PENDING, RUNNING
+from .states import CANCELLED, DEAD, DEDUPE_PREDICATE, DEFAULT_MAX_ATTEMPTS, DONE, PENDING, RUNNING
 
 # The statuses as SQL literals, for predicates a partial index must match.
 PENDING_LITERAL: ColumnElement[str] = literal_column(f"'{PENDING}'")

@@ -33,12 +33,14 @@ from sqlalchemy.orm import Session
 
 from .checks import check_bool, check_name, check_queues, check_session, positive_int
 from .errors import InvalidArgumentError, JobQueueError, RetryJob
-from .mixin import DEAD, PENDING, STATUSES, JobMixin
+from .mixin import JobMixin
 from .registry import TaskRegistry
 from .repository import JobRepository, check_repositories
+from .states import DEAD, PENDING, STATUSES
 from .urls import psycopg_url
-from .worker import Worker, WorkerResult
+from .worker.books import WorkerResult
 from .worker.failures import failure_of, record_failure, refuse_awaitable
+from .worker.threaded import Worker
 
 M = TypeVar("M", bound=JobMixin)
 

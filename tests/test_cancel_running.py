@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqllog import recorded_sql
 
 from sa_jobqueue import InvalidArgumentError, JobLostError, ReapResult
-from sa_jobqueue.listener import channel_name
+from sa_jobqueue.channels import channel_name
 from sa_jobqueue.mixin import MAX_TABLE_NAME_BYTES
 from sa_jobqueue.repository import LeaseReport, cancel_channel_name
 

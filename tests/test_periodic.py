@@ -333,7 +333,7 @@ def test_the_database_clock_decides_when_now_is_not_given(
 
 def test_a_worker_schedules_only_the_queues_it_serves(engine: Engine) -> None:
     registry = registry_with(("* * * * *", {"queue": "elsewhere"}))
-    # The worker's periodic pass is built from the schedules of its own queues (PeriodicPass.of).
+    # The worker builds its periodic pass from the schedules of its own queues.
     assert not PeriodicScheduler(jobs, registry, queues=["default"])
     assert PeriodicScheduler(jobs, registry, queues=["elsewhere"])
     with pytest.raises(InvalidArgumentError) as raised:

@@ -8,7 +8,7 @@ import click
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from ..mixin import PENDING, STATUSES
+from ..states import PENDING, STATUSES
 from .database import database_errors, show_url
 from .errors import CliError, OneLineCommand
 from .formatting import format_age, render_table, seconds, when

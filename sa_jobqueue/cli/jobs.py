@@ -10,7 +10,7 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..mixin import STATUSES
+from ..states import STATUSES
 from .database import database_errors
 from .errors import CliError, CliUsageError, OneLineCommand, OneLineGroup
 from .formatting import render_table, short, when

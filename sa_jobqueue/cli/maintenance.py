@@ -11,9 +11,9 @@ import click
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from ..mixin import DEAD, RUNNING
 from ..repository import JobRepository
 from ..spec import FINISHED_STATUSES
+from ..states import DEAD, RUNNING
 from .database import database_errors
 from .errors import CliError, CliUsageError, OneLineCommand
 from .formatting import parse_duration

@@ -6,8 +6,8 @@ Also what ``flask jobs worker`` shares with it: ``--shutdown-timeout`` and the r
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 import logging
+from dataclasses import asdict
 from datetime import timedelta
 from typing import Any, Literal, cast
 
@@ -16,7 +16,8 @@ from sqlalchemy import literal, select
 
 from ..errors import JobQueueError, WorkerStuckError
 from ..registry import TaskRegistry
-from ..worker import Worker, WorkerResult
+from ..worker.books import WorkerResult
+from ..worker.threaded import Worker
 from .database import database_errors, make_engine
 from .errors import CliError, CliUsageError, OneLineCommand, first_line
 from .formatting import seconds

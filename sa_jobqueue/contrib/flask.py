@@ -45,21 +45,15 @@ from flask import Flask, current_app, has_app_context
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import Session
 
-from ..cli import (
-    CliState,
-    CliUsageError,
-    OneLineGroup,
-    database_errors,
-    main,
-    result_line,
-    shutdown_options,
-    shutdown_timeout_option,
-)
+from ..cli.database import database_errors
+from ..cli.errors import CliUsageError, OneLineGroup
+from ..cli.state import CliState
+from ..cli.worker import result_line, shutdown_options, shutdown_timeout_option
 from ..default import Job
 from ..errors import InvalidArgumentError, JobQueueError
 from ..registry import Handler, Task, TaskRegistry
 from ..repository import JobRepository
-from ..worker import Worker
+from ..worker.threaded import Worker
 
 EXTENSION = "sa_jobqueue"
 
@@ -204,6 +198,8 @@ class JobQueue:
             """Job queues on the app's database: workers, enqueueing, inspection, housekeeping."""
             ctx.with_resource(app.app_context())
             ctx.obj = CliState(None, engine=db.engine, repository=jobqueue.repository)
+
+        from ..cli import main  # the whole command line, loaded when the app builds its commands
 
         for name, command in main.commands.items():
             if name != "worker":

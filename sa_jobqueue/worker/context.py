@@ -12,15 +12,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..registry import TaskRegistry
-from .books import Books
-from .completer import Completer
-from .options import WorkerOptions
-from .pace import Pacer
+if TYPE_CHECKING:
+    from ..registry import TaskRegistry
+    from .books import Books
+    from .completer import Completer
+    from .options import WorkerOptions
+    from .pace import Pacer
 
 READ_COMMITTED = {"isolation_level": "READ COMMITTED"}
 

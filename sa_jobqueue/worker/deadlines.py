@@ -9,10 +9,14 @@ the process supervisor starts a fresh process.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import WorkerStuckError
-from .books import Held
-from .context import WorkerContext
-from .slots import Slots
+
+if TYPE_CHECKING:
+    from .books import Held
+    from .context import WorkerContext
+    from .slots import Slots
 
 # How long a handler may keep running past its deadline (its failure already
 # recorded) before its thread is given up on and replaced: its own timeout,

@@ -26,12 +26,14 @@ import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
 from ..errors import JobLostError, JobQueueError, RetryJob
-from ..registry import Task
+
+if TYPE_CHECKING:
+    from ..registry import Task
 
 log = logging.getLogger("sa_jobqueue.worker")
 

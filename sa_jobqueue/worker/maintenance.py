@@ -9,13 +9,16 @@ never stops the worker or the others.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
 from .. import signals
-from ..periodic import PeriodicScheduler
-from .context import READ_COMMITTED, WorkerContext
+from .context import READ_COMMITTED
+
+if TYPE_CHECKING:
+    from ..periodic import PeriodicScheduler
+    from .context import WorkerContext
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -57,11 +60,6 @@ class PeriodicPass:
         self.scheduler = scheduler
         self.interval = ctx.options.periodic_interval
         self._failing = False
-
-    @classmethod
-    def of(cls, ctx: WorkerContext) -> PeriodicPass | None:
-        scheduler = PeriodicScheduler(ctx.repositories[0], ctx.tasks, queues=ctx.options.queues)
-        return cls(ctx, scheduler) if scheduler else None
 
     def run(self) -> bool:
         """True when a job was enqueued (the worker claims it without waiting for a NOTIFY)."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
+from ..checks import check_interval
 from ..errors import InvalidArgumentError
-from ..periodic import check_interval
 from ..spec import (
     check_duration,
     check_lease,

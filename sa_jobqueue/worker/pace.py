@@ -27,8 +27,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .options import CLAIMERS, WorkerOptions
-
 Jitter = Callable[[float, float], float]
 
 
@@ -40,7 +38,7 @@ class Pacer:
     concurrency: int
     batch_size: int | None
     poll_interval: float
-    claimers: int = CLAIMERS
+    claimers: int = 2  # claims in flight at once (lease mode; 0 in transaction mode)
     jitter: Jitter = random.uniform
     found: bool = True  # did the latest claim find work?
     idle_wait: float = 0.0
@@ -52,14 +50,6 @@ class Pacer:
     # would wait a whole poll interval.
     woken: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    @classmethod
-    def of(cls, options: WorkerOptions, jitter: Jitter = random.uniform) -> Pacer:
-        return cls(
-            capacity=options.capacity, concurrency=options.concurrency, batch_size=options.batch_size,
-            poll_interval=options.poll_interval, claimers=CLAIMERS if options.mode == "lease" else 0,
-            jitter=jitter,
-        )
 
     # -- what happened -------------------------------------------------------
 

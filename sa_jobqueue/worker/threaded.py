@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..connections import raw_connect, worker_engine
 from ..errors import InvalidArgumentError
 from ..listener import Listener
+from ..periodic import PeriodicScheduler
 from ..registry import TaskRegistry
 from ..repository import DEFAULT_LEASE, JobRepository, check_repositories, default_worker_name
 from ..watchdog import Watchdog
@@ -176,7 +177,9 @@ class Worker:
                                                                        [now])]
         if isinstance(mode, LeaseMode):
             duties.append((_never_finds(mode.heartbeat), ctx.options.heartbeat_interval, [now]))
-        periodic = PeriodicPass.of(ctx)
+        # The registry's schedules of the queues this worker serves, enqueued into its first job table.
+        scheduler = PeriodicScheduler(ctx.repositories[0], ctx.tasks, queues=ctx.options.queues)
+        periodic = PeriodicPass(ctx, scheduler) if scheduler else None
         if periodic is not None:
             duties.append((periodic.run, periodic.interval, [now]))
         while not ctx.stopping.is_set():
@@ -231,7 +234,7 @@ class Worker:
             options=self.options, name=self.name, tasks=self.tasks, repositories=self.repositories,
             sessions=self._sessions, control=control, books=self._books,
             completer=Completer(self._books, control, sender=self, name=self.name),
-            pacer=Pacer.of(self.options), sender=self,
+            pacer=_pacer(self.options), sender=self,
         )
 
     def _own_engine(self) -> Engine | None:
@@ -291,3 +294,10 @@ def _never_finds(duty: Callable[[], None]) -> Callable[[], bool]:
         return False
 
     return run
+
+
+def _pacer(options: WorkerOptions) -> Pacer:
+    return Pacer(
+        capacity=options.capacity, concurrency=options.concurrency, batch_size=options.batch_size,
+        poll_interval=options.poll_interval, claimers=CLAIMERS if options.mode == "lease" else 0,
+    )

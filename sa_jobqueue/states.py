@@ -1,0 +1,60 @@
+"""The words of a job table: its states, defaults and limits, the columns'
+defaults, and the partial index predicates built from them. Plain values;
+this module imports nothing of the package, so every other module can use them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from sqlalchemy import TextClause, text
+
+PENDING = "pending"
+RUNNING = "running"
+DONE = "done"
+DEAD = "dead"
+CANCELLED = "cancelled"
+STATUSES = (PENDING, RUNNING, DONE, DEAD, CANCELLED)
+LIVE_STATUSES = (PENDING, RUNNING)
+
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_ATTEMPTS = 20
+NAME_LENGTH = 128
+DEDUPE_KEY_LENGTH = 255
+PRIORITY_MIN = -32768
+PRIORITY_MAX = 32767
+
+
+def sql_list(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+# The claim's WHERE clause on status, verbatim. The claim statement and the
+# claim index are both built from it so that they cannot drift apart.
+CLAIM_PREDICATE = f"status = '{PENDING}'"
+LEASE_PREDICATE = f"status = '{RUNNING}'"
+DEDUPE_PREDICATE = f"dedupe_key IS NOT NULL AND status IN ({sql_list(LIVE_STATUSES)})"
+
+
+# What a job column holds when an enqueue leaves it out, as Python values. The
+# columns' server defaults below are rendered from it, and the COPY path of
+# enqueue_many (bulk.py) fills its snapshots in from it, so the two cannot
+# drift. run_at and created_at default to now(); the other columns to NULL.
+COLUMN_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "queue": DEFAULT_QUEUE, "payload": {}, "status": PENDING, "priority": 0, "attempts": 0,
+})
+NOW_DEFAULTS = frozenset({"run_at", "created_at"})
+
+
+def server_default(key: str) -> str | TextClause:
+    """The server default of job column ``key``, rendered from :data:`COLUMN_DEFAULTS`:
+    a string as itself (SQLAlchemy quotes it), a number or JSON as a SQL literal."""
+    value = COLUMN_DEFAULTS[key]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return text(str(value))
+    return text("'" + json.dumps(value).replace("'", "''") + "'")
