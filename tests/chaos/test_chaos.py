@@ -37,13 +37,23 @@ MakeRun = Callable[..., Run]
 GLOBAL_FAULTS = {"restart", "cut (reset)", "half-open"}
 
 
-def _drain(run: Run, injector: Callable[[Run], None] | None, extra: Callable[[Run], list[str]] | None = None) -> None:
-    """Start, wait for the drain, run the scenario's own checks, finish, assert."""
+def _drain(run: Run, injector: Callable[[Run], None] | None, extra: Callable[[Run], list[str]] | None = None,
+           notes: Callable[[Run], list[str]] | None = None) -> None:
+    """Start, wait for the drain, run the scenario's own checks, finish, assert.
+    ``notes``: report lines from what the stopped workers returned (``run.results``)."""
     run.start(injector)
     drained = run.wait_drained()
     run.end_faults()
     problems = extra(run) if extra is not None else []
-    run.finish(drained, problems).assert_ok()
+    outcome = run.finish(drained, problems)
+    if notes is not None:
+        outcome.notes += notes(run)
+    outcome.assert_ok()
+
+
+def _handed_back(run: Run) -> list[str]:
+    handed = sum(r.get("handed_back", 0) for r in run.results.values())
+    return [f"{handed} job(s) handed back unstarted (WorkerResult.handed_back, workers that stopped cleanly)"]
 
 
 def _listeners_back(run: Run) -> list[str]:
@@ -365,7 +375,7 @@ def test_rows_the_client_cannot_decode(make_run: MakeRun, mode: str) -> None:
         reruns = {job_id: len(rows) for job_id, rows in run._starts().items() if len(rows) > 1}
         if reruns:
             problems.append(f"{len(reruns)} job(s) whose handler started more than once: {sorted(reruns)[:10]}")
-        problems += _log_problems(run, r"reaped \d+ expired job", "of reaped jobs")
+        problems += _log_problems(run, REAPED, "of reaped jobs")
         buried = " ".join(r.text for r in run.log_records(UNDECODABLE))
         unlogged = [job_id for job_id in bad if not re.search(rf"\b{job_id} \(effect\) sent to dead: {UNDECODABLE}",
                                                                buried)]
@@ -530,9 +540,7 @@ def test_handlers_that_leak_connections(make_run: MakeRun, mode: str) -> None:
             problems.append("no worker logged that a batch's session timed out on the jobs' pool")
         return problems
 
-    _drain(run, None, checks)
-    handed = sum(r.get("handed_back", 0) for r in run.results.values())
-    run.notes.append(f"{handed} job(s) handed back unstarted (WorkerResult.handed_back)")
+    _drain(run, None, checks, _handed_back)
 
 
 TOO_MANY = r"too many clients|remaining connection slots are reserved"
@@ -626,9 +634,7 @@ def test_max_connections_exhausted(make_run: MakeRun, mode: str) -> None:
                             "the fault did not bite")
         return problems
 
-    _drain(run, inject, checks)
-    handed = sum(r.get("handed_back", 0) for r in run.results.values())
-    run.notes.append(f"{handed} job(s) handed back unstarted (WorkerResult.handed_back)")
+    _drain(run, inject, checks, _handed_back)
 
 
 @pytest.mark.parametrize("mode", MODES)
