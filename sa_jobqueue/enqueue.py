@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Table
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from . import bulk, statements
@@ -34,6 +35,9 @@ from .mixin import JobMixin
 from .snapshot import Snapshots
 
 M = TypeVar("M", bound=JobMixin)
+
+DEADLOCK = "40P01"  # deadlock_detected
+DEADLOCK_TRIES = 5
 
 # session.info key: (transaction, {(channel, queue)}) already notified in it.
 NOTIFIED = "sa_jobqueue.notified"
@@ -83,7 +87,7 @@ class Enqueuer(Generic[M]):
         for dedupe, indexes in bulk.write_order(rows):
             params = [rows[i] for i in indexes]
             if dedupe:
-                for i, job in zip(indexes, self._insert_keyed(session, params), strict=True):
+                for i, job in zip(indexes, self._insert_keyed_retrying(session, params), strict=True):
                     result[i] = job
                 continue
             copied = self._copy(session, params)
@@ -93,6 +97,26 @@ class Enqueuer(Generic[M]):
         if notify:
             self.notify_queues(session, {row["queue"] for row in rows if runnable_now(row)})
         return [job for job in result if job is not None]
+
+    def _insert_keyed_retrying(self, session: Session, rows: list[dict[str, Any]]) -> list[M]:
+        """:meth:`_insert_keyed` in a SAVEPOINT, tried again when PostgreSQL
+        ends it as a deadlock's victim.
+
+        Keyed rows go in one global order, so producers wait for each other
+        instead of deadlocking, but one case breaks the order: a key whose live
+        holder finished between this call's INSERT and its SELECT is inserted
+        again on its own, after keys that sort later. Rolling back to the
+        SAVEPOINT undoes only this statement's rows; the other transaction
+        goes on, and the next try finds its keys committed or free.
+        """
+        for attempt in range(1, DEADLOCK_TRIES + 1):
+            try:
+                with session.begin_nested():
+                    return self._insert_keyed(session, rows)
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) != DEADLOCK or attempt == DEADLOCK_TRIES:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _insert_keyed(self, session: Session, rows: list[dict[str, Any]]) -> list[M]:
         """Rows with a dedupe key (one statement's worth): each row's new job,

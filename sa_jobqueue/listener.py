@@ -38,7 +38,7 @@ import psycopg
 from psycopg import sql
 
 from .connections import own_session
-from .watchdog import socket_deadline
+from .sockets import socket_deadline
 
 log = logging.getLogger("sa_jobqueue.listener")
 

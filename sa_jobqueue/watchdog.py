@@ -9,12 +9,11 @@ waits forever: a job slot, a claim, or the worker's whole loop.
 What is watched: the statements sent through the engines given to
 :meth:`Watchdog.watch_engine`, which for a worker is its own engine
 (:func:`sa_jobqueue.connections.worker_engine`: claims, heartbeats, reaps,
-completions). Nothing else: not the application's other connections, and
-not the job sessions' connections, which come from the application's
-engine and belong to its threads, so a stalled handler's statement is not
-freed by the watchdog (the job's own timeout and the server's timeouts
-apply to it). Statements that bypass SQLAlchemy's cursor execution (raw
-DBAPI use, the pool's pings and rollbacks) are not watched either.
+completions), and, through :meth:`Watchdog.watch_jobs`, those of the
+connections the worker's jobs hold on the application's engine, while they
+hold them. Nothing else: never the application's other connections.
+Statements that bypass SQLAlchemy's cursor execution (raw DBAPI use, the
+pool's pings and rollbacks) are not watched either.
 
 How a connection is watched without touching what another thread owns: an
 engine's ``before_cursor_execute`` and ``after_cursor_execute`` events run
@@ -49,13 +48,10 @@ belong to something else).
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +60,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from .connections import own_session
+from .sockets import shutdown_socket, socket_deadline
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -75,59 +72,6 @@ _STATES = (
     "SELECT pid, state, extract(epoch FROM now() - state_change) "
     "FROM pg_stat_activity WHERE pid = ANY(%s)"
 )
-
-
-def shutdown_socket(fd: int) -> None:
-    """Shut down the socket behind ``fd`` (both directions) without closing
-    ``fd``: the connection's owner sees its call fail and closes it. The
-    caller must know that ``fd`` is still the connection's (not closed)."""
-    try:
-        sock = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        sock.close()
-
-
-class SocketDeadline:
-    """See :func:`socket_deadline`."""
-
-    def __init__(self, fd: int, seconds: float) -> None:
-        self._fd = fd
-        self._lock = threading.Lock()
-        self._over = False
-        #: True once the deadline passed and the socket was shut down.
-        self.expired = False
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-
-    def _expire(self) -> None:
-        with self._lock:
-            if not self._over:
-                shutdown_socket(self._fd)
-                self.expired = True
-
-    def _end(self) -> None:
-        with self._lock:
-            self._over = True
-        self._timer.cancel()
-
-
-@contextmanager
-def socket_deadline(fd: int, seconds: float) -> Iterator[SocketDeadline]:
-    """Shut the socket ``fd`` down if the block is still running after
-    ``seconds``, so that a read or write waiting on it fails. The block must
-    keep ``fd`` open; once the block has ended, ``fd`` is never touched."""
-    deadline = SocketDeadline(fd, seconds)
-    deadline._timer.start()
-    try:
-        yield deadline
-    finally:
-        deadline._end()
 
 
 @dataclass(eq=False)
@@ -218,6 +162,7 @@ class Watchdog:
         self._check_timeout = check_timeout
         self._application_name = application_name
         self._key = object()  # this watchdog's entry in each connection's info
+        self._mark = object()  # set in the info of a job's connection while the worker holds it
         self._backends: weakref.WeakSet[_Backend] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -272,6 +217,45 @@ class Watchdog:
                 event.remove(pool, name, fn)
 
         return unwatch
+
+    def watch_jobs(self, engine: Engine) -> tuple[Callable[[Any], Callable[[], None]], Callable[[], None]]:
+        """Watch the statements of the connections the worker's jobs hold on
+        the application's ``engine``, and only those, while they hold them.
+
+        Returns ``(own, unwatch)``: ``own(connection)`` marks a job's
+        :class:`~sqlalchemy.engine.Connection` as watched and returns the undo,
+        which the job calls before the connection goes back to the pool. A
+        statement of a connection not marked (the application's own, in the
+        same process) is never looked at, so it is never ended.
+        """
+        mark = self._mark
+
+        def started(conn: Any, *rest: Any) -> None:
+            if conn.info.get(mark):
+                self._started(conn)
+
+        def ended(conn: Any, *rest: Any) -> None:
+            if conn.info.get(mark):
+                self._ended(conn.info)
+
+        event.listen(engine, "before_cursor_execute", started)
+        event.listen(engine, "after_cursor_execute", ended)
+
+        def own(connection: Any) -> Callable[[], None]:
+            info = connection.info
+            info[mark] = True
+
+            def release() -> None:
+                info.pop(mark, None)
+                self._ended(info)
+
+            return release
+
+        def unwatch() -> None:
+            event.remove(engine, "before_cursor_execute", started)
+            event.remove(engine, "after_cursor_execute", ended)
+
+        return own, unwatch
 
     def start(self) -> None:
         self._thread.start()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -63,7 +63,10 @@ class WorkerContext:
     stopping: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event = field(default_factory=threading.Event)
     sessions_open: int = 0  # job sessions this worker holds right now
+    # Marks a job's connection as watched by the watchdog; returns the undo (None: no watchdog).
+    watch_connection: Callable[[Any], Callable[[], None]] | None = None
     _turn: int = 0
+    _hand_backs: list[Any] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -82,6 +85,16 @@ class WorkerContext:
     def session_opened(self, delta: int) -> None:
         with self._lock:
             self.sessions_open += delta
+
+    def hand_back_later(self, held: list[Any]) -> None:
+        """Jobs whose hand back failed: the loop tries again (:meth:`take_hand_backs`)."""
+        with self._lock:
+            self._hand_backs.extend(held)
+
+    def take_hand_backs(self) -> list[Any]:
+        with self._lock:
+            held, self._hand_backs = self._hand_backs, []
+        return held
 
     def back_off(self) -> None:
         """Something failed that the next claim would meet again: wait a poll interval."""

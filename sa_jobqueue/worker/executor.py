@@ -80,19 +80,15 @@ class JobExecutor:
             if not self._fenced_late(held):
                 ctx.completer.add(repo, job, time.monotonic() - (held.started or 0.0))
             return
-        ctx.session_opened(1)
-        try:
-            with ctx.sessions() as session:
-                try:
-                    self._run_in_session(held, task, session)
-                finally:
-                    with held.lock:  # before the session's connection goes back to the pool
-                        held.finished = True
-        finally:
-            ctx.session_opened(-1)
+        with ctx.sessions() as session:
+            try:
+                self._run_in_session(held, task, session)
+            finally:
+                with held.lock:  # before the session's connection goes back to the pool
+                    held.finished = True
 
     def _run_in_session(self, held: Held, task: Any, session: Session) -> None:
-        ctx, repo, job = self.ctx, held.repo, held.job
+        ctx = self.ctx
         try:
             session.begin()
             connection = session.connection(execution_options=READ_COMMITTED)
@@ -100,6 +96,17 @@ class JobExecutor:
         except Exception as exc:
             self._hand_back_unstarted(held, exc)
             return
+        unwatch = ctx.watch_connection(connection) if ctx.watch_connection is not None else None
+        ctx.session_opened(1)
+        try:
+            self._attempt(held, task, session, connection)
+        finally:
+            ctx.session_opened(-1)
+            if unwatch is not None:
+                unwatch()
+
+    def _attempt(self, held: Held, task: Any, session: Session, connection: Any) -> None:
+        ctx, repo, job = self.ctx, held.repo, held.job
         self._start(held, task)
         try:
             refuse_awaitable(task(job, session))
@@ -200,7 +207,7 @@ class JobExecutor:
                 "worker %s: job %s could not get a connection: the jobs' pool is exhausted (%s); this worker's "
                 "running jobs hold %s of them, so the others are held elsewhere (a handler that keeps a session "
                 "open leaks one per job). The job is handed back unstarted.",
-                ctx.name, job.id, pool.status() if pool is not None else "unknown pool", ctx.sessions_open - 1,
+                ctx.name, job.id, pool.status() if pool is not None else "unknown pool", ctx.sessions_open,
             )
         else:
             log.error("worker %s: job %s could not connect (%r); it is handed back unstarted", ctx.name, job.id, exc)
@@ -209,18 +216,26 @@ class JobExecutor:
 
 
 def hand_back(ctx: WorkerContext, held: list[Held]) -> int:
-    """Give unstarted jobs back (pending, attempt not counted); return how many were."""
+    """Give unstarted jobs back (pending, attempt not counted); return how many were.
+
+    Jobs whose hand back fails (the server refuses the worker's connections
+    too) stay held, their leases extended, and are handed back again later
+    (:meth:`WorkerContext.hand_back_later`): a failed hand back must not
+    leave them to the reaper, which would count the attempt they never used.
+    """
     total = 0
     for repo in {id(h.repo): h.repo for h in held}.values():
-        jobs = [h.job for h in held if h.repo is repo]
-        for job in jobs:
-            ctx.books.release(job)
+        mine = [h for h in held if h.repo is repo]
+        # Released first, so that a heartbeat between the hand back and the
+        # release does not take a job handed back for a lost lease.
+        for h in mine:
+            ctx.books.release(h.job)
         try:
             with ctx.control() as session:
-                total += len(repo.hand_back(session, jobs))
-        except Exception:
-            log.exception("worker %s: handing back %s jobs failed; they run again once their lease expires",
-                          ctx.name, len(jobs))
+                total += len(repo.hand_back(session, [h.job for h in mine]))
+        except Exception as exc:
+            log.error("worker %s: handing back %s job(s) failed (%r); trying again shortly", ctx.name, len(mine), exc)
+            ctx.hand_back_later([ctx.books.hold(h.repo, h.job) for h in mine])  # their leases extended meanwhile
     ctx.books.count("handed_back", total)
     return total
 

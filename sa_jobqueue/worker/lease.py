@@ -49,6 +49,7 @@ class LeaseMode:
         self.slots = Slots(ctx.options.concurrency, name="sa_jobqueue", on_done=self._slot_done)
         self.claimers = Slots(CLAIMERS, name="sa_jobqueue-claim", on_done=lambda _: ctx.wake.set())
         self._overdue: list[Held] = []  # timed out, their handler not returned yet
+        self._next_hand_back = 0.0
 
     # -- the loop's step -----------------------------------------------------
 
@@ -137,7 +138,13 @@ class LeaseMode:
         log.info("worker %s: job %s (%s): cancel requested", self.ctx.name, held.job.id, held.job.task)
 
     def watch(self, now: float) -> None:
-        """Time out held jobs past their deadline; give up on slots stuck past the grace."""
+        """Time out held jobs past their deadline; give up on slots stuck past the grace;
+        hand back again, once a poll interval, the jobs whose hand back failed."""
+        if now >= self._next_hand_back:
+            again = self.ctx.take_hand_backs()
+            if again:
+                self._next_hand_back = now + self.ctx.options.poll_interval
+                hand_back(self.ctx, again)
         for held in self.ctx.books.held():
             if held.deadline is not None and now >= held.deadline and not held.finished:
                 self._time_out(held)

@@ -153,7 +153,7 @@ class Worker:
         restore = shutdown.install()
         mode: LeaseMode | TransactionMode = LeaseMode(ctx) if self.options.mode == "lease" else TransactionMode(ctx)
         listener = self._start_listener(mode) if self.options.listen and not until_empty else None
-        unwatch = self._start_watchdog(own)
+        unwatch = self._start_watchdog(ctx, own)
         try:
             self._loop(ctx, mode, listener, until_empty)
             self._wind_down(ctx, mode, shutdown)
@@ -241,6 +241,14 @@ class Worker:
         """The worker's own autocommit pool (see the module docstring), when it knows the engine."""
         if self._engine is None:
             return None
+        # The worker's pool shares the application's dialect, which initializes
+        # itself on its engine's first connection: make that happen now, before
+        # two pools can race to it (a half-initialized dialect fails statements).
+        try:
+            with self._engine.connect():
+                pass
+        except Exception as exc:
+            log.warning("worker %s: cannot connect yet (%r); the worker retries as it goes", self.name, exc)
         return worker_engine(self._engine, pool_size=CLAIMERS + 1, max_overflow=self.options.concurrency,
                              name=self.name)
 
@@ -262,16 +270,19 @@ class Worker:
         listener.start()
         return listener
 
-    def _start_watchdog(self, own: Engine | None) -> Callable[[], None]:
-        """Watch the connections of the worker's own pool; return the undo."""
+    def _start_watchdog(self, ctx: WorkerContext, own: Engine | None) -> Callable[[], None]:
+        """Watch the connections the worker uses: its own pool's, and those its
+        jobs hold on the application's engine while they hold them; return the undo."""
         if self.options.stall_timeout is None or own is None or self._engine is None:
             return lambda: None
         watchdog = Watchdog(raw_connect(self._engine), after=self.options.stall_timeout.total_seconds())
-        unwatch = watchdog.watch_engine(own)
+        unwatch_own = watchdog.watch_engine(own)
+        ctx.watch_connection, unwatch_jobs = watchdog.watch_jobs(self._engine)
         watchdog.start()
 
         def stop() -> None:
-            unwatch()
+            unwatch_own()
+            unwatch_jobs()
             watchdog.stop()
 
         return stop

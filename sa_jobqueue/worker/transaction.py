@@ -25,12 +25,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from .. import signals
+from ..connections import is_fatal_to_connection
 from ..logs import job_context
 from .books import Held
 from .context import READ_COMMITTED, WorkerContext
@@ -40,6 +43,16 @@ from .failures import failure_of, record_failure, refuse_awaitable, timeout_fail
 from .slots import Slots
 
 log = logging.getLogger("sa_jobqueue.worker")
+
+
+@dataclass
+class _Batch:
+    """What one batch did, counted and signalled once its transaction committed."""
+
+    outcomes: list[str] = field(default_factory=list)
+    succeeded: list[tuple[Any, float]] = field(default_factory=list)  # (job, duration)
+    failed: list[tuple[Any, BaseException | None, str, float]] = field(default_factory=list)
+    unstarted: list[Any] = field(default_factory=list)
 
 
 class TransactionMode:
@@ -106,51 +119,74 @@ class TransactionMode:
     def run_batch(self) -> bool:
         """Claim a batch and run it in one transaction; False when nothing was claimable."""
         ctx = self.ctx
-        outcomes: list[str] = []
         with ctx.sessions() as session, session.begin():
-            pid = backend_pid(session.connection(execution_options=READ_COMMITTED))
-            for repo in ctx.rotation():
-                jobs = repo.claim(session, queues=ctx.options.queues, limit=ctx.options.batch_size or 1,
-                                  worker=ctx.name, lease=ctx.options.lease)
-                if jobs:
-                    break
-            else:
+            try:
+                connection = session.connection(execution_options=READ_COMMITTED)
+            except sa_exc.TimeoutError:
+                pool = getattr(ctx.sessions.kw.get("bind"), "pool", None)
+                log.error("worker %s: a batch could not get a connection: the jobs' pool is exhausted (%s); this "
+                          "worker's batches hold %s of them, so the others are held elsewhere (a handler that keeps "
+                          "a session open leaks one per job)", ctx.name,
+                          pool.status() if pool is not None else "unknown pool", len(self.slots) - 1)
+                ctx.back_off()
                 return False
-            succeeded: list[Any] = []
-            failed: list[tuple[Any, BaseException | None, str, float]] = []
-            durations: dict[int, float] = {}
-            unstarted: list[Any] = []
-            for job in jobs:
-                if ctx.stopping.is_set():
-                    unstarted.append(job)
-                    continue
-                started = time.monotonic()
-                with job_context(job):
-                    outcome, error = self._run_in_savepoint(session, repo, job, pid)
-                durations[job.id] = time.monotonic() - started
-                if outcome is None:
-                    succeeded.append(job)
-                else:
-                    outcomes.append(outcome)
-                    failed.append((job, error, outcome, durations[job.id]))
-            # The batch holds its row locks, so the fences always pass here.
-            finished = repo.complete_many(session, succeeded)
-            outcomes += ["completed" if job.id in finished else "lost" for job in succeeded]
-            if unstarted:
-                handed = repo.hand_back(session, unstarted)
-                outcomes += ["handed_back"] * len(handed)
-        for outcome in outcomes:
+            unwatch = ctx.watch_connection(connection) if ctx.watch_connection is not None else None
+            try:
+                batch = self._run_batch(session, backend_pid(connection))
+            except BaseException as exc:
+                if is_fatal_to_connection(exc):
+                    connection.invalidate()  # a read-only or dead connection must not serve the next batch
+                    ctx.back_off()
+                raise
+            finally:
+                if unwatch is not None:
+                    unwatch()
+        if batch is None:
+            return False
+        # Committed: now count, and tell the receivers.
+        for outcome in batch.outcomes:
             ctx.books.count(outcome)
-        if unstarted:
-            log.info("worker %s: handed back %s claimed job(s) not started: %s", ctx.name, len(unstarted),
-                     ", ".join(str(job.id) for job in unstarted))
-        # Committed: now tell the receivers.
-        for job in succeeded:
-            if job.id in finished:
-                signals.send(signals.job_succeeded, ctx.sender, job=job, duration=durations[job.id])
-        for job, error, status, duration in failed:
+        if batch.unstarted:
+            log.info("worker %s: handed back %s claimed job(s) not started: %s", ctx.name, len(batch.unstarted),
+                     ", ".join(str(job.id) for job in batch.unstarted))
+        for job, duration in batch.succeeded:
+            signals.send(signals.job_succeeded, ctx.sender, job=job, duration=duration)
+        for job, error, status, duration in batch.failed:
             signals.send_failure(ctx.sender, job, error, status, duration)
         return True
+
+    def _run_batch(self, session: Session, pid: int | None) -> _Batch | None:
+        """Claim and run one batch on ``session``'s transaction; None when nothing was claimable."""
+        ctx = self.ctx
+        for repo in ctx.rotation():
+            jobs = repo.claim(session, queues=ctx.options.queues, limit=ctx.options.batch_size or 1,
+                              worker=ctx.name, lease=ctx.options.lease)
+            if jobs:
+                break
+        else:
+            return None
+        batch = _Batch()
+        succeeded: list[tuple[Any, float]] = []
+        for job in jobs:
+            if ctx.stopping.is_set():
+                batch.unstarted.append(job)
+                continue
+            started = time.monotonic()
+            with job_context(job):
+                outcome, error = self._run_in_savepoint(session, repo, job, pid)
+            duration = time.monotonic() - started
+            if outcome is None:
+                succeeded.append((job, duration))
+            else:
+                batch.outcomes.append(outcome)
+                batch.failed.append((job, error, outcome, duration))
+        # The batch holds its row locks, so the fences always pass here.
+        finished = repo.complete_many(session, [job for job, _ in succeeded])
+        batch.outcomes += ["completed" if job.id in finished else "lost" for job, _ in succeeded]
+        batch.succeeded = [(job, duration) for job, duration in succeeded if job.id in finished]
+        if batch.unstarted:
+            batch.outcomes += ["handed_back"] * len(repo.hand_back(session, batch.unstarted))
+        return batch
 
     def _run_in_savepoint(
         self, session: Session, repo: Any, job: Any, pid: int | None
