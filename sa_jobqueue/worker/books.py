@@ -48,7 +48,9 @@ class Held:
     backend_pid: int | None = None  # of the job's session, read in the thread that owns it
     cancel_requested: bool = False
     timed_out: bool = False  # the deadline passed: the failure is recorded, the late return fenced
-    thread: int | None = None  # the slot thread running it, once started
+    thread: int | None = None  # the slot thread running it, once started (or connecting)
+    connecting_since: float | None = None  # monotonic, while its session waits for a connection
+    gave_up: bool = False  # its session stalled connecting: handed back, its thread replaced
     finished: bool = False  # its slot thread is done with it
     # Held by the slot thread while it ends the job's session, and by the
     # watch while it cancels the session's statement: the backend is the

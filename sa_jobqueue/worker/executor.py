@@ -89,13 +89,23 @@ class JobExecutor:
 
     def _run_in_session(self, held: Held, task: Any, session: Session) -> None:
         ctx = self.ctx
+        held.thread = threading.get_ident()
+        held.connecting_since = time.monotonic()  # the lease mode's watch gives up on a stalled checkout
         try:
             session.begin()
             connection = session.connection(execution_options=READ_COMMITTED)
             held.backend_pid = backend_pid(connection)
         except Exception as exc:
-            self._hand_back_unstarted(held, exc)
+            with held.lock:
+                held.connecting_since = None
+                gave_up = held.gave_up
+            if not gave_up:
+                self._hand_back_unstarted(held, exc)
             return
+        with held.lock:  # decided once: the watch gave up on this checkout, or it did not
+            held.connecting_since = None
+            if held.gave_up:
+                return  # handed back while the checkout stalled; this thread was replaced
         unwatch = ctx.watch_connection(connection) if ctx.watch_connection is not None else None
         ctx.session_opened(1)
         try:

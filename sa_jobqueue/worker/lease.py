@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import func, select
 
@@ -145,9 +145,13 @@ class LeaseMode:
             if again:
                 self._next_hand_back = now + self.ctx.options.poll_interval
                 hand_back(self.ctx, again)
+        stall = self.ctx.options.stall_timeout
         for held in self.ctx.books.held():
             if held.deadline is not None and now >= held.deadline and not held.finished:
                 self._time_out(held)
+            elif (stall is not None and held.connecting_since is not None
+                  and now - held.connecting_since >= stall.total_seconds()):
+                self._give_up_connecting(held)
         for held in list(self._overdue):
             if held.finished:
                 self._overdue.remove(held)
@@ -158,6 +162,21 @@ class LeaseMode:
                               "given up on and replaced (%s stuck so far)", self.ctx.name, held.job.id,
                               held.job.task, grace(held), self.slots.stuck)
         check_stuck(self.ctx, self.slots)
+
+    def _give_up_connecting(self, held: Held) -> None:
+        """A job's session stalled in the pool's checkout (a pre-ping on a
+        half-open path: before the job holds the connection, so the watchdog
+        cannot see it): replace the thread and hand the job back, unstarted."""
+        with held.lock:
+            if held.connecting_since is None or held.gave_up or held.thread is None:
+                return
+            held.gave_up = True
+            if not self.slots.abandon(held.thread, stuck=False):
+                return
+        log.error("worker %s: job %s's session has waited %.0f s for a connection; its thread is replaced and the "
+                  "job handed back unstarted", self.ctx.name, held.job.id,
+                  (self.ctx.options.stall_timeout or timedelta(0)).total_seconds())
+        hand_back(self.ctx, [held])
 
     def _time_out(self, held: Held) -> None:
         ctx, job = self.ctx, held.job

@@ -88,16 +88,17 @@ class Slots:
             self._idle.notify_all()
         return taken
 
-    def abandon(self, ident: int) -> bool:
+    def abandon(self, ident: int, *, stuck: bool = True) -> bool:
         """Give up on the thread ``ident``, stuck in a call: count the call as
-        finished and start a thread in its place. False if it is not ours or
-        already given up on."""
+        finished and start a thread in its place (``stuck``: count it in
+        :attr:`stuck`, a handler's hang rather than a network's). False if it
+        is not ours or already given up on."""
         with self._lock:
             live = {t.ident for t in self._threads if t.is_alive()}
             if ident not in live or ident in self._abandoned:
                 return False
             self._abandoned.add(ident)
-            self.stuck += 1
+            self.stuck += stuck
             self._active -= 1
             self._idle.notify_all()
             self._spawn()

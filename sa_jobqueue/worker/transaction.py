@@ -199,37 +199,44 @@ class TransactionMode:
             log.error("worker %s: job %s has unknown task %r", ctx.name, job.id, job.task)
             return record_failure(session, repo, job, failure_of(job, None, None, ctx.tasks), savepoint=True), None
         signals.send(signals.job_started, ctx.sender, job=job)
-        held = self._start(repo, job, task, pid)
+        timeout = task.timeout or ctx.options.job_timeout
+        if timeout is None:  # nothing to watch: the common case stays as cheap as it was
+            return self._attempt(session, repo, job, task, None)
+        held = self._start(repo, job, pid, timeout.total_seconds())
         try:
-            savepoint = session.begin_nested()
-            error: BaseException | None = None
-            try:
-                refuse_awaitable(task(job, session))
-                if not held.timed_out:
-                    savepoint.commit()  # flushes the handler's writes inside the savepoint
-                    return None, None
-            except BaseException as exc:  # SystemExit from a handler is a failure too
-                error = exc
-            savepoint.rollback()
-            if held.timed_out:  # whatever it returned or raised: nothing of it commits
-                assert held.deadline is not None and held.started is not None
-                seconds = held.deadline - held.started
-                log.error("worker %s: job %s (%s) timed out after %g s", ctx.name, job.id, job.task, seconds)
-                return record_failure(session, repo, job, timeout_failure(task, seconds), savepoint=True), error
-            assert error is not None
-            log.info("worker %s: job %s (%s) failed: %r", ctx.name, job.id, job.task, error)
-            return record_failure(session, repo, job, failure_of(job, task, error), savepoint=True), error
+            return self._attempt(session, repo, job, task, held)
         finally:
             with held.lock:  # before the connection runs the batch's next statement
                 held.finished = True
             with self._lock:
                 self._running.pop(threading.get_ident(), None)
 
-    def _start(self, repo: Any, job: Any, task: Any, pid: int | None) -> Held:
+    def _attempt(
+        self, session: Session, repo: Any, job: Any, task: Any, held: Held | None
+    ) -> tuple[str | None, BaseException | None]:
+        ctx = self.ctx
+        savepoint = session.begin_nested()
+        error: BaseException | None = None
+        try:
+            refuse_awaitable(task(job, session))
+            if held is None or not held.timed_out:
+                savepoint.commit()  # flushes the handler's writes inside the savepoint
+                return None, None
+        except BaseException as exc:  # SystemExit from a handler is a failure too
+            error = exc
+        savepoint.rollback()
+        if held is not None and held.timed_out:  # whatever it returned or raised: nothing of it commits
+            assert held.deadline is not None and held.started is not None
+            seconds = held.deadline - held.started
+            log.error("worker %s: job %s (%s) timed out after %g s", ctx.name, job.id, job.task, seconds)
+            return record_failure(session, repo, job, timeout_failure(task, seconds), savepoint=True), error
+        assert error is not None
+        log.info("worker %s: job %s (%s) failed: %r", ctx.name, job.id, job.task, error)
+        return record_failure(session, repo, job, failure_of(job, task, error), savepoint=True), error
+
+    def _start(self, repo: Any, job: Any, pid: int | None, seconds: float) -> Held:
         now = time.monotonic()
-        timeout = task.timeout or self.ctx.options.job_timeout
-        held = Held(repo, job, started=now, deadline=None if timeout is None else now + timeout.total_seconds(),
-                    backend_pid=pid, thread=threading.get_ident())
+        held = Held(repo, job, started=now, deadline=now + seconds, backend_pid=pid, thread=threading.get_ident())
         with self._lock:
             self._running[held.thread or 0] = held
         return held
