@@ -7,14 +7,15 @@ From the shell, the database comes from ``DATABASE_URL``; a plain
     DATABASE_URL=postgresql://user@host/dbname alembic check
     alembic upgrade head --sql          # offline: prints the DDL, no database needed
 
-From Python (tests, a demo, an app's start-up script), hand over an open
-connection; the migrations then run on it and the caller commits::
+From Python (tests, a demo, an app's start-up script), hand over a
+connection whose transaction has begun; the migrations then run in it and
+commit or roll back with it (on a connection with no transaction begun,
+``command.upgrade`` commits by itself; see docs/alembic.md)::
 
     cfg = alembic.config.Config("alembic.ini")
-    with engine.connect() as connection:
+    with engine.begin() as connection:
         cfg.attributes["connection"] = connection
         alembic.command.upgrade(cfg, "head")
-        connection.commit()
 
 The history is kept in ``sa_jobqueue_alembic_version`` rather than the usual
 ``alembic_version``, so these revisions can run against an application's

@@ -166,3 +166,18 @@ def test_in_transaction_mode_a_notification_during_a_probe_is_not_lost_either() 
     p.notified()
     p.results(0.0, hits=0, misses=1, claiming=0, ran=0, listening=True)
     assert p.probes(0.0, free=1) == 1
+
+
+def test_a_job_that_finishes_while_a_claim_is_in_flight_is_looked_for_again() -> None:
+    p = pacer(capacity=30, batch_size=10)
+    p.results(0.0, hits=0, misses=0, claiming=1, ran=1, listening=False)  # a job finished; a claim travels
+    p.results(0.0, hits=0, misses=1, claiming=0, ran=0, listening=False)  # the claim, sent before, comes back empty
+    assert p.found and not p.drained(busy=False)
+    assert p.claims(0.0, held=0, claiming=0)  # look once more: a retry may be due now
+
+
+def test_in_transaction_mode_a_batch_that_ends_while_others_probe_is_looked_for_again() -> None:
+    p = pacer(claimers=0)
+    p.results(0.0, hits=1, misses=0, claiming=0, ran=1, listening=False, probing=1)
+    p.results(0.0, hits=0, misses=1, claiming=0, ran=0, listening=False)
+    assert p.found and p.probes(0.0, free=1) == 1

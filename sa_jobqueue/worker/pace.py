@@ -53,10 +53,17 @@ class Pacer:
 
     # -- what happened -------------------------------------------------------
 
-    def results(self, now: float, *, hits: int, misses: int, claiming: int, ran: int, listening: bool) -> None:
+    def results(
+        self, now: float, *, hits: int, misses: int, claiming: int, ran: int, listening: bool, probing: int = 0
+    ) -> None:
         """Claims (or probes) that came back with work (``hits``) or empty
-        (``misses``) since the last call, ``claiming`` still in flight, and
-        ``ran`` calls that ran jobs."""
+        (``misses``) since the last call, ``claiming`` claims still in flight
+        (``probing``: transaction-mode probes), and ``ran`` calls that ran jobs."""
+        if ran and (claiming or probing):
+            # A claim sent before these jobs finished cannot have seen what they
+            # made runnable (a retry due now, a job they enqueued): its empty
+            # result must not make the worker idle.
+            self.woken = True
         if hits:
             self.found, self.idle_wait = True, 0.0
         elif misses and not claiming:

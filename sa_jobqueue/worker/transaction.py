@@ -70,7 +70,7 @@ class TransactionMode:
         """Take results, start the probes the pacer asks for; True when drained (until_empty)."""
         pacer = self.ctx.pacer
         ran, empty, inflight = self.slots.take_results()
-        pacer.results(now, hits=ran, misses=empty, claiming=0, ran=ran, listening=listening)
+        pacer.results(now, hits=ran, misses=empty, claiming=0, ran=ran, listening=listening, probing=inflight)
         if until_empty and pacer.drained(busy=bool(inflight or len(self.ctx.completer))):
             return True
         for _ in range(pacer.probes(now, free=self.ctx.options.concurrency - inflight)):
