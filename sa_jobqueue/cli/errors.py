@@ -92,21 +92,12 @@ class OneLineCommand(click.Command):
             return super().invoke(ctx)
 
 
-class OneLineGroup(click.Group):
-    """A group whose usage errors, and those of its commands, are one line.
+class OneLineGroup(OneLineCommand, click.Group):
+    """A group whose usage errors, and those of its commands (a missing or
+    unknown command, a command's own usage error), are one line.
 
     Commands and groups made with its decorators are of these classes too.
     """
 
     command_class = OneLineCommand
     group_class = type
-
-    def make_context(
-        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
-    ) -> click.Context:
-        with one_line_usage_errors():
-            return super().make_context(info_name, args, parent, **extra)
-
-    def invoke(self, ctx: click.Context) -> Any:
-        with one_line_usage_errors():  # a missing or unknown command, or a command's own usage error
-            return super().invoke(ctx)

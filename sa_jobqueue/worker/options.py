@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
-from ..checks import check_interval
-from ..errors import InvalidArgumentError
-from ..spec import (
+from ..checks import (
     check_duration,
+    check_interval,
     check_lease,
     check_poll_interval,
     check_queues,
@@ -25,6 +24,7 @@ from ..spec import (
     check_worker_name,
     positive_int,
 )
+from ..errors import InvalidArgumentError
 
 Mode = Literal["lease", "transaction"]
 DEFAULT_TRANSACTION_BATCH = 10
