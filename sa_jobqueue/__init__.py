@@ -27,12 +27,13 @@ from .errors import (
 )
 from .mixin import JobMixin, job_table_args
 from .periodic import Periodic, PeriodicScheduler, create_periodic_table
-from .registry import Task, TaskRegistry
+from .registry import TaskRegistry
 from .reports import LeaseReport, QueueStats, ReapResult
 from .repository import JobRepository
 from .retry import RetryPolicy
 from .spec import JobSpec
 from .states import STATUSES
+from .task import Task
 from .urls import psycopg_url
 from .worker.books import WorkerResult
 from .worker.threaded import Worker

@@ -30,23 +30,13 @@ from typing import Any
 from sqlalchemy.orm import Session, scoped_session
 
 from .errors import InvalidArgumentError, shown
-from .states import CANCELLED, DEAD, DONE, NAME_LENGTH
+from .states import CANCELLED, DEAD, DONE, NAME_LENGTH, SCHEDULE_HORIZON
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
 MAX_ERROR_LENGTH = 10_000
 """The most characters of error text kept in ``last_error`` (see :func:`clean_error`)."""
-SCHEDULE_HORIZON = timedelta(days=36525)
-"""How far (100 years) from now an instant or a duration may reach.
-
-PostgreSQL stores instants far beyond year 9999, but Python's ``datetime``
-(and so the driver) cannot read them back: a job scheduled at
-``datetime.max`` in a negative UTC offset, or ``now() + timedelta.max``,
-would be written and then poison every statement that loads it. No job queue
-schedules a century ahead; refusing earlier keeps every row readable.
-"""
-
 LOCKED_BY_LENGTH = 255
 FINISHED_STATUSES = (DONE, DEAD, CANCELLED)
 MAX_POLL_INTERVAL = 86400.0

@@ -89,7 +89,7 @@ from sqlalchemy.pool import QueuePool
 
 from .errors import InvalidArgumentError
 
-__all__ = ["is_fatal_to_connection", "own_session", "raw_connect", "worker_engine"]
+__all__ = ["backend_pid", "is_fatal_to_connection", "own_session", "raw_connect", "worker_engine"]
 
 #: An execution option set on every worker engine: the mark that the shared
 #: dialect's ``handle_error`` listener goes by. Its value is the engine's name.
@@ -278,3 +278,10 @@ def _discard_fatal(context: ExceptionContext) -> None:
         return  # the application's engine: SQLAlchemy's own rules apply
     if is_fatal_to_connection(context.original_exception):
         context.is_disconnect = True
+
+
+def backend_pid(connection: Any) -> int | None:
+    """The server process of a job's connection (psycopg), read in the thread that owns it."""
+    info = getattr(connection.connection.dbapi_connection, "info", None)
+    pid = getattr(info, "backend_pid", None)
+    return pid if isinstance(pid, int) else None

@@ -15,91 +15,20 @@ completion (exactly once); it must not commit or roll back the session.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, overload
 
-from .checks import check_bool, check_name, check_timeout, positive_int
+from .checks import check_name, check_timeout
 from .errors import InvalidArgumentError
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from .schedule import Periodic, check_cron
 from .states import DEFAULT_QUEUE
+from .task import Handler, Task, check_task, takes_session
 
-Handler = Callable[..., Any]
+__all__ = ["Handler", "Task", "TaskRegistry"]
+
 F = TypeVar("F", bound=Handler)
-
-
-@dataclass(frozen=True)
-class Task:
-    """A registered handler. ``max_attempts``, when set, is the limit of its
-    jobs enqueued without one of their own (a limit given at enqueue wins;
-    20 applies when neither is). ``batch_complete``: a handler that takes no session has
-    no writes to commit with its completion, so (in lease mode) its
-    completion is buffered and written with others in one statement; False
-    gives each such job a completion transaction of its own."""
-
-    name: str
-    handler: Handler
-    takes_session: bool
-    retry: RetryPolicy = DEFAULT_RETRY_POLICY
-    max_attempts: int | None = None
-    batch_complete: bool = True
-    timeout: timedelta | None = None
-
-    def __post_init__(self) -> None:
-        _check_task(self.name, self.handler, self.retry, self.max_attempts, self.batch_complete, self.timeout)
-        check_bool("takes_session", self.takes_session)
-
-    @property
-    def completes_in_batch(self) -> bool:
-        return self.batch_complete and not self.takes_session
-
-    def __call__(self, job: Any, session: Any) -> Any:
-        if self.takes_session:
-            return self.handler(job, session)
-        return self.handler(job)
-
-
-def _check_task(
-    name: object, handler: object, retry: object, max_attempts: object, batch_complete: object,
-    timeout: object = None,
-) -> None:
-    """The options of a task, each checked; raise naming the first bad one."""
-    check_name("name", name)
-    if not callable(handler):
-        raise InvalidArgumentError("handler", "must be callable")
-    call = type(handler).__call__ if not inspect.isroutine(handler) else None
-    if inspect.iscoroutinefunction(handler) or (call is not None and inspect.iscoroutinefunction(call)):
-        # The thread worker would get a coroutine back and never run it.
-        raise InvalidArgumentError(
-            "handler", "is an async def function: this worker runs sync handlers in threads; an async handler "
-            "needs the asyncio worker (not available yet), so wrap it in a def for now"
-        )
-    if timeout is not None:
-        check_timeout("timeout", timeout)
-    if not isinstance(retry, RetryPolicy):
-        raise InvalidArgumentError("retry", f"must be a RetryPolicy, got {type(retry).__name__}")
-    if max_attempts is not None:
-        positive_int("max_attempts", max_attempts)
-    check_bool("batch_complete", batch_complete)
-
-
-def _takes_session(handler: Handler) -> bool:
-    try:
-        signature = inspect.signature(handler)
-    except (ValueError, TypeError):
-        raise InvalidArgumentError(
-            "handler", "has no signature Python can inspect; wrap it in a def taking (job) or (job, session)"
-        ) from None
-    params = [
-        p for p in signature.parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
-    ]
-    if not params:
-        raise InvalidArgumentError("handler", "must accept the job as its first argument")
-    return len(params) >= 2 or params[0].kind is inspect.Parameter.VAR_POSITIONAL
 
 
 class TaskRegistry:
@@ -134,11 +63,11 @@ class TaskRegistry:
         ``batch_complete`` must be a bool. Raises :class:`InvalidArgumentError`
         naming the bad option.
         """
-        _check_task(name, handler, retry, max_attempts, batch_complete, timeout)
+        check_task(name, handler, retry, max_attempts, batch_complete, timeout)
         if name in self._tasks:
             raise InvalidArgumentError("name", f"task {name!r} is already registered")
         deadline = None if timeout is None else check_timeout("timeout", timeout)
-        task = Task(name, handler, _takes_session(handler), retry, max_attempts, batch_complete, deadline)
+        task = Task(name, handler, takes_session(handler), retry, max_attempts, batch_complete, deadline)
         self._tasks[name] = task
         return task
 

@@ -12,8 +12,8 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 
-from .checks import SCHEDULE_HORIZON
 from .errors import InvalidArgumentError
+from .states import SCHEDULE_HORIZON
 
 
 def _real(parameter: str, value: object) -> float:

@@ -28,7 +28,6 @@ from .checks import (
     LOCKED_BY_LENGTH,
     MAX_ERROR_LENGTH,
     MAX_POLL_INTERVAL,
-    SCHEDULE_HORIZON,
     check_aware,
     check_bool,
     check_claimed,
@@ -54,7 +53,7 @@ from .checks import (
 )
 from .errors import InvalidArgumentError, shown
 from .payloads import MAX_PAYLOAD_BYTES, check_payload
-from .states import DEDUPE_KEY_LENGTH, DEFAULT_QUEUE, PRIORITY_MAX, PRIORITY_MIN
+from .states import DEDUPE_KEY_LENGTH, DEFAULT_QUEUE, PRIORITY_MAX, PRIORITY_MIN, SCHEDULE_HORIZON
 
 """The largest payload accepted, in bytes of its compact UTF-8 JSON encoding (1 MiB).
 

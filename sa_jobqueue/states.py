@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -26,6 +27,15 @@ NAME_LENGTH = 128
 DEDUPE_KEY_LENGTH = 255
 PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
+SCHEDULE_HORIZON = timedelta(days=36525)
+"""How far (100 years) from now an instant or a duration may reach.
+
+PostgreSQL stores instants far beyond year 9999, but Python's ``datetime``
+(and so the driver) cannot read them back: a job scheduled at
+``datetime.max`` in a negative UTC offset, or ``now() + timedelta.max``,
+would be written and then poison every statement that loads it. No job queue
+schedules a century ahead; refusing earlier keeps every row readable.
+"""
 
 
 def sql_list(values: tuple[str, ...]) -> str:

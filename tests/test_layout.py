@@ -31,30 +31,15 @@ def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _not_at_import(tree: ast.Module) -> set[ast.AST]:
-    """The statements that do not run when the module is imported: under
-    ``if TYPE_CHECKING:``, and inside functions (they run when called)."""
-    nodes: set[ast.AST] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            nodes |= {n for stmt in node.body for n in ast.walk(stmt)}
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            nodes |= {n for stmt in node.body for n in ast.walk(stmt)}
-    return nodes
-
-
-def _imports(*, runtime_only: bool = False) -> tuple[dict[str, set[str]], dict[str, set[tuple[str, str]]]]:
-    """Each module's imported package modules, and the names it imports from each;
-    with ``runtime_only``, only the imports that run when the module is imported."""
+def _imports() -> tuple[dict[str, set[str]], dict[str, set[tuple[str, str]]]]:
+    """Each module's imported package modules (every import: at module level,
+    under TYPE_CHECKING and inside functions), and the names it imports from each."""
     modules = _modules()
     graph: dict[str, set[str]] = {m: set() for m in modules}
     names: dict[str, set[tuple[str, str]]] = {m: set() for m in modules}
     for module, path in modules.items():
         tree = ast.parse(path.read_text())
-        skipped = _not_at_import(tree) if runtime_only else set()
         for node in ast.walk(tree):
-            if node in skipped:
-                continue
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -106,11 +91,16 @@ def test_no_import_cycles_even_under_type_checking() -> None:
 
 
 def test_import_depth_is_at_most_8() -> None:
-    """The longest chain of imports that run when a module of the package is
-    imported (a module -> … -> one importing nothing of ours) has at most 8
-    modules. (The cycle test counts every import, these included.)"""
-    graph, _ = _imports(runtime_only=True)
-    graph = {m: {t for t in ts if t != "sa_jobqueue"} for m, ts in graph.items() if m != "sa_jobqueue"}
+    """The longest chain of imports (a module -> … -> one importing nothing of
+    ours) has at most 8 modules, counting imports under TYPE_CHECKING and
+    inside functions: they are dependencies of the design too. A package's
+    ``__init__`` importing its own submodules is a face, not a link of a chain
+    (so ``sa_jobqueue.cli`` counts as one module, as ``sa_jobqueue`` does)."""
+    graph, _ = _imports()
+    graph = {
+        m: {t for t in ts if t != "sa_jobqueue" and not t.startswith(m + ".")}
+        for m, ts in graph.items() if m != "sa_jobqueue"
+    }
     depth: dict[str, int] = {}
 
     def measure(node: str) -> int:

@@ -42,7 +42,8 @@ from .health import health_command, stats_command
 from .jobs import enqueue_command, jobs_group
 from .maintenance import cancel_command, purge_command, reap_command, retry_command
 from .state import CliState, cli_state, repository_for
-from .worker import result_line, shutdown_options, shutdown_timeout_option, worker_command
+from .worker import worker_command
+from .worker_flags import result_line, shutdown_options, shutdown_timeout_option
 
 __all__ = [
     "CliError", "CliState", "CliUsageError", "OneLineCommand", "OneLineGroup", "OneLineUsageError", "cli_state",

@@ -1,33 +1,28 @@
 """``sa-jobqueue worker MODULE:ATTR``: run a worker until SIGINT or SIGTERM.
 
-Also what ``flask jobs worker`` shares with it: ``--shutdown-timeout`` and the result line.
+What ``flask jobs worker`` shares with it is in :mod:`.worker_flags`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import asdict
-from datetime import timedelta
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import click
 from sqlalchemy import literal, select
 
 from ..errors import JobQueueError, WorkerStuckError
 from ..registry import TaskRegistry
-from ..worker.books import WorkerResult
 from ..worker.threaded import Worker
 from .database import database_errors, make_engine
 from .errors import CliError, CliUsageError, OneLineCommand, first_line
 from .formatting import seconds
 from .state import cli_state, import_object, model_option, repository_for
+from .worker_flags import result_line, shutdown_options, shutdown_timeout_option
 
-__all__ = ["DEFAULT_SHUTDOWN_TIMEOUT", "result_line", "shutdown_options", "shutdown_timeout_option", "worker_command"]
+__all__ = ["worker_command"]
 
 log = logging.getLogger("sa_jobqueue.cli")
-
-DEFAULT_SHUTDOWN_TIMEOUT = "30"  # seconds
 
 # The options a worker factory must not be given (it configures its worker itself).
 WORKER_OPTIONS = {
@@ -35,23 +30,6 @@ WORKER_OPTIONS = {
     "batch_size": "--batch-size", "model_path": "--model", "name": "--name", "shutdown_timeout": "--shutdown-timeout",
     "job_timeout": "--job-timeout",
 }
-
-shutdown_timeout_option = click.option(
-    "--shutdown-timeout", default=DEFAULT_SHUTDOWN_TIMEOUT, show_default=True, metavar="SECONDS", callback=seconds(),
-    help="How long SIGTERM waits for running jobs before the worker returns, leaving them to their lease; "
-         "a second SIGTERM/SIGINT stops at once.",
-)
-
-
-def shutdown_options(ctx: click.Context, timeout: float) -> dict[str, Any]:
-    """The :class:`Worker` keyword for ``--shutdown-timeout`` (``timeout`` seconds)."""
-    return {"shutdown_timeout": timedelta(seconds=timeout)}
-
-
-def result_line(result: WorkerResult) -> str:
-    """A worker's result as the one JSON line the worker commands print."""
-    return json.dumps(asdict(result))
-
 
 @click.command("worker", cls=OneLineCommand)
 @click.argument("import_path", metavar="MODULE:ATTR")

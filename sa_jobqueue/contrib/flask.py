@@ -48,11 +48,12 @@ from sqlalchemy.orm import Session
 from ..cli.database import database_errors
 from ..cli.errors import CliUsageError, OneLineGroup
 from ..cli.state import CliState
-from ..cli.worker import result_line, shutdown_options, shutdown_timeout_option
+from ..cli.worker_flags import result_line, shutdown_options, shutdown_timeout_option
 from ..default import Job
 from ..errors import InvalidArgumentError, JobQueueError
-from ..registry import Handler, Task, TaskRegistry
+from ..registry import TaskRegistry
 from ..repository import JobRepository
+from ..task import Handler, Task
 from ..worker.threaded import Worker
 
 EXTENSION = "sa_jobqueue"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session, sessionmaker
 
 if TYPE_CHECKING:
-    from ..registry import TaskRegistry
+    from ..task import Tasks
     from .books import Books
     from .completer import Completer
     from .options import WorkerOptions
@@ -52,7 +52,7 @@ class WorkerContext:
 
     options: WorkerOptions
     name: str
-    tasks: TaskRegistry
+    tasks: Tasks
     repositories: list[Any]
     sessions: sessionmaker[Session]
     control: Control

@@ -33,7 +33,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
 from .. import signals
-from ..connections import is_fatal_to_connection
+from ..connections import backend_pid, is_fatal_to_connection
 from ..errors import JobLostError
 from ..logs import job_context
 from .books import Held
@@ -248,10 +248,3 @@ def hand_back(ctx: WorkerContext, held: list[Held]) -> int:
             ctx.hand_back_later([ctx.books.hold(h.repo, h.job) for h in mine])  # their leases extended meanwhile
     ctx.books.count("handed_back", total)
     return total
-
-
-def backend_pid(connection: Any) -> int | None:
-    """The server process of a job's connection (psycopg), read in the thread that owns it."""
-    info = getattr(connection.connection.dbapi_connection, "info", None)
-    pid = getattr(info, "backend_pid", None)
-    return pid if isinstance(pid, int) else None

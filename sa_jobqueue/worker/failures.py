@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 from ..errors import JobLostError, JobQueueError, RetryJob
 
 if TYPE_CHECKING:
-    from ..registry import Task
+    from ..task import Task
 
 log = logging.getLogger("sa_jobqueue.worker")
 

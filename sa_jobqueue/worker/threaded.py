@@ -178,7 +178,7 @@ class Worker:
         if isinstance(mode, LeaseMode):
             duties.append((_never_finds(mode.heartbeat), ctx.options.heartbeat_interval, [now]))
         # The registry's schedules of the queues this worker serves, enqueued into its first job table.
-        scheduler = PeriodicScheduler(ctx.repositories[0], ctx.tasks, queues=ctx.options.queues)
+        scheduler = PeriodicScheduler(ctx.repositories[0], self.tasks, queues=ctx.options.queues)
         periodic = PeriodicPass(ctx, scheduler) if scheduler else None
         if periodic is not None:
             duties.append((periodic.run, periodic.interval, [now]))

@@ -33,12 +33,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from .. import signals
-from ..connections import is_fatal_to_connection
+from ..connections import backend_pid, is_fatal_to_connection
 from ..logs import job_context
 from .books import Held
 from .context import READ_COMMITTED, WorkerContext
 from .deadlines import check_stuck, grace
-from .executor import backend_pid
 from .failures import failure_of, record_failure, refuse_awaitable, timeout_failure
 from .slots import Slots
 
