@@ -12,17 +12,21 @@ What is watched: the statements sent through the engines given to
 completions), and, through :meth:`Watchdog.watch_jobs`, those of the
 connections the worker's jobs hold on the application's engine, while they
 hold them. Nothing else: never the application's other connections.
-Statements that bypass SQLAlchemy's cursor execution (raw DBAPI use, the
-pool's pings and rollbacks) are not watched either.
+Only statements sent through a cursor are watched: not ``COMMIT`` and
+``ROLLBACK`` (psycopg sends them from the connection), nor ``COPY``, nor
+the pool's pings.
 
-How a connection is watched without touching what another thread owns: an
-engine's ``before_cursor_execute`` and ``after_cursor_execute`` events run
-in the thread that executes. The first one on a connection reads its backend
-pid and socket there, in the owning thread; then each statement records
-when it started, and clears that when it ends (also at checkin, invalidation
-or close of the connection, which covers the statements that failed). The
-watchdog's thread only reads these records, under a lock; it never calls
-into libpq on a connection it does not own.
+How a connection is watched without touching what another thread owns: a
+watched psycopg connection makes its cursors with a cursor class of the
+watchdog's (psycopg's ``Connection.cursor_factory``), whose ``execute`` and
+``executemany`` record when a statement started and clear that when it
+returns or raises, in the thread that executes. The backend pid and socket
+are read once, by the thread that owns the connection. The watchdog's
+thread only reads these records, under a lock; it never calls into libpq on
+a connection it does not own. No SQLAlchemy event is registered per
+statement: a ``before_cursor_execute`` listener would put every statement of
+the engine (the application's included) on SQLAlchemy's slower path with
+events, for a cost a drain of short jobs measures.
 
 A long statement and a stalled one look alike from the client (a statement
 in flight, no reply yet), so the watchdog asks the server. Every
@@ -52,7 +56,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -77,13 +81,55 @@ _STATES = (
 @dataclass(eq=False)
 class _Backend:
     """What the watchdog knows of one watched connection. ``pid`` and ``fd``
-    are read once, by the owning thread; the rest changes under the lock."""
+    are read once, by the owning thread; the rest changes under ``lock``
+    (the watchdog's)."""
 
     pid: int
     fd: int
+    lock: threading.Lock = field(repr=False)
     since: float | None = None  # monotonic start of the statement in flight, None when none is
     statement: int = 0  # counts the connection's statements: which one a check judged
     idle_checks: int = 0  # checks in a row that found the backend idle during this statement
+    # The cursor class of the connection while watched (made once per connection).
+    cursors: type[psycopg.Cursor[Any]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.cursors = _watched_cursors(self)
+
+    def started(self) -> None:
+        with self.lock:
+            self.since = time.monotonic()
+            self.statement += 1
+            self.idle_checks = 0
+
+    def ended(self) -> None:
+        with self.lock:
+            self.since = None
+
+
+def _watched_cursors(backend: _Backend) -> type[psycopg.Cursor[Any]]:
+    """A psycopg cursor class whose statements ``backend`` sees: each in
+    flight from the call until it returns or raises. A class per connection,
+    made once, so that making a cursor costs what psycopg's own does."""
+
+    class WatchedCursor(psycopg.Cursor[Any]):
+        __slots__ = ()
+
+        def execute(self, *args: Any, **kwargs: Any) -> Any:
+            backend.started()
+            try:
+                return super().execute(*args, **kwargs)
+            finally:
+                backend.ended()
+
+        def executemany(self, *args: Any, **kwargs: Any) -> Any:
+            backend.started()
+            try:
+                return super().executemany(*args, **kwargs)
+            finally:
+                backend.ended()
+
+    return WatchedCursor
 
 
 _UNWATCHED = object()  # the record of a connection that is not a psycopg one
@@ -162,7 +208,6 @@ class Watchdog:
         self._check_timeout = check_timeout
         self._application_name = application_name
         self._key = object()  # this watchdog's entry in each connection's info
-        self._mark = object()  # set in the info of a job's connection while the worker holds it
         self._backends: weakref.WeakSet[_Backend] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -174,88 +219,59 @@ class Watchdog:
         self.looks = 0
 
     def watch_engine(self, engine: Engine) -> Callable[[], None]:
-        """Watch the statements ``engine`` sends (see the module docstring)
-        until the returned function is called; it may be called once.
+        """Watch the statements of every connection of ``engine``'s pool
+        (see the module docstring) until the returned function is called; it
+        may be called once.
 
-        Give it the worker's own engine. The statements of engines made from
-        it with ``execution_options()`` are watched too (they share its
-        events); those of any other engine are not. The events are registered
-        on ``engine`` and on its pool as of now (they follow the pool through
+        Give it the worker's own engine. Engines made from it with
+        ``execution_options()`` share its pool, so theirs are watched too;
+        those of any other engine are not. The event is registered on the
+        pool as of now (it follows the pool through
         :meth:`~sqlalchemy.engine.Engine.dispose`). Connections that are not
         psycopg 3 connections are ignored.
         """
         pool = engine.pool
 
-        def started(conn: Any, *rest: Any) -> None:
-            self._started(conn)
+        def checkout(dbapi_connection: Any, connection_record: Any, *rest: Any) -> None:
+            # Once per DBAPI connection: its cursors stay watched for its life.
+            if self._key not in connection_record.info:
+                self._watch(dbapi_connection, connection_record.info)
 
-        def ended(conn: Any, *rest: Any) -> None:
-            self._ended(conn.info)
-
-        def released(dbapi_connection: Any, connection_record: Any, *rest: Any) -> None:
-            self._ended(connection_record.info)
-
-        engine_events: list[tuple[str, Callable[..., None]]] = [
-            ("before_cursor_execute", started), ("after_cursor_execute", ended),
-        ]
-        # checkin ends what a failed statement left in flight; invalidate and
-        # close come before the connection's socket is closed.
-        pool_events: list[tuple[str, Callable[..., None]]] = [
-            ("checkin", released), ("invalidate", released), ("close", released),
-        ]
-        for name, fn in engine_events:
-            event.listen(engine, name, fn)
-        for name, fn in pool_events:
-            event.listen(pool, name, fn)
+        event.listen(pool, "checkout", checkout)
 
         def unwatch() -> None:
-            # Removed from the pool they were added to: a pool recreated by
-            # dispose() holds copies that go with them.
-            for name, fn in engine_events:
-                event.remove(engine, name, fn)
-            for name, fn in pool_events:
-                event.remove(pool, name, fn)
+            # Removed from the pool it was added to: a pool recreated by
+            # dispose() holds a copy that goes with it.
+            event.remove(pool, "checkout", checkout)
 
         return unwatch
 
-    def watch_jobs(self, engine: Engine) -> tuple[Callable[[Any], Callable[[], None]], Callable[[], None]]:
+    def watch_jobs(self) -> Callable[[Any], Callable[[], None]]:
         """Watch the statements of the connections the worker's jobs hold on
-        the application's ``engine``, and only those, while they hold them.
+        the application's engine, and only those, while they hold them.
 
-        Returns ``(own, unwatch)``: ``own(connection)`` marks a job's
-        :class:`~sqlalchemy.engine.Connection` as watched and returns the undo,
-        which the job calls before the connection goes back to the pool. A
-        statement of a connection not marked (the application's own, in the
-        same process) is never looked at, so it is never ended.
+        Returns ``own``: ``own(connection)``, called in the thread that holds
+        the :class:`~sqlalchemy.engine.Connection`, watches it and returns the
+        undo, which that thread calls before the connection goes back to the
+        pool. A statement of a connection not owned so (the application's
+        own, in the same process) is never looked at, so it is never ended.
         """
-        mark = self._mark
-
-        def started(conn: Any, *rest: Any) -> None:
-            if conn.info.get(mark):
-                self._started(conn)
-
-        def ended(conn: Any, *rest: Any) -> None:
-            if conn.info.get(mark):
-                self._ended(conn.info)
-
-        event.listen(engine, "before_cursor_execute", started)
-        event.listen(engine, "after_cursor_execute", ended)
 
         def own(connection: Any) -> Callable[[], None]:
-            info = connection.info
-            info[mark] = True
+            dbapi_connection = connection.connection.dbapi_connection
+            backend = self._watch(dbapi_connection, connection.info, permanent=False)
+            if backend is None:
+                return _nothing
+            previous = dbapi_connection.cursor_factory
+            dbapi_connection.cursor_factory = backend.cursors
 
             def release() -> None:
-                info.pop(mark, None)
-                self._ended(info)
+                dbapi_connection.cursor_factory = previous
+                backend.ended()
 
             return release
 
-        def unwatch() -> None:
-            event.remove(engine, "before_cursor_execute", started)
-            event.remove(engine, "after_cursor_execute", ended)
-
-        return own, unwatch
+        return own
 
     def start(self) -> None:
         self._thread.start()
@@ -266,30 +282,22 @@ class Watchdog:
 
     # -- in the threads that execute -------------------------------------------
 
-    def _started(self, conn: Any) -> None:
-        info = conn.info  # the pool record's: it lives as long as the DBAPI connection
+    def _watch(self, dbapi_connection: Any, info: dict[Any, Any], *, permanent: bool = True) -> _Backend | None:
+        """The record of a connection, made on first sight by the thread that
+        owns it (reading libpq there is safe); with ``permanent``, its cursors
+        are watched from now on. None for a connection that is not psycopg's."""
         backend = info.get(self._key)
         if backend is None:
-            dbapi_connection = conn.connection.dbapi_connection
             if not isinstance(dbapi_connection, psycopg.Connection):
                 info[self._key] = _UNWATCHED
-                return
-            # This thread owns the connection: reading libpq here is safe.
-            backend = _Backend(pid=dbapi_connection.info.backend_pid, fd=dbapi_connection.fileno())
+                return None
+            backend = _Backend(pid=dbapi_connection.info.backend_pid, fd=dbapi_connection.fileno(), lock=self._lock)
             info[self._key] = backend
             with self._lock:
                 self._backends.add(backend)
-        if isinstance(backend, _Backend):
-            with self._lock:
-                backend.since = time.monotonic()
-                backend.statement += 1
-                backend.idle_checks = 0
-
-    def _ended(self, info: Any) -> None:
-        backend = info.get(self._key) if info is not None else None
-        if isinstance(backend, _Backend):
-            with self._lock:
-                backend.since = None
+            if permanent:
+                dbapi_connection.cursor_factory = backend.cursors
+        return backend if isinstance(backend, _Backend) else None
 
     # -- in the watchdog's thread -----------------------------------------------
 
@@ -366,3 +374,7 @@ class Watchdog:
         with conn, socket_deadline(conn.fileno(), self._check_timeout):
             own_session(conn, self._application_name)
             return list(conn.execute(query, params).fetchall())
+
+
+def _nothing() -> None:
+    """The undo of watching a connection that is not watched."""

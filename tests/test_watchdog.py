@@ -11,14 +11,20 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from jobapp import TaskJob, jobs
+from psycopg.rows import tuple_row
+from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 from tcpproxy import TcpProxy
 from waiting import wait_for
 
+from sa_jobqueue import TaskRegistry, Worker
 from sa_jobqueue.connections import raw_connect, worker_engine
 from sa_jobqueue.watchdog import Watchdog
+
+_STATEMENT_EVENTS = ("before_cursor_execute", "after_cursor_execute", "before_execute", "after_execute")
 
 
 def _upstream(url: URL) -> tuple[str, int] | str:
@@ -115,40 +121,101 @@ def test_a_long_statement_is_left_alone(watched: Callable[..., tuple[Engine, Wat
     assert watchdog.looks > 0 and watchdog.freed == 0
 
 
-def test_a_busy_connection_is_left_alone(
-    proxied: tuple[TcpProxy, Engine], watched: Callable[..., tuple[Engine, Watchdog]]
-) -> None:
+def test_a_busy_connection_is_left_alone(watched: Callable[..., tuple[Engine, Watchdog]]) -> None:
     """Statement after statement, each reply read late (as a thread starved
     of the GIL does): the connection has a statement in flight far longer
     than ``after`` in total, its backend idle for most of it, but no single
     statement waits that long and the backend's state keeps changing, so it
     is no stall."""
-    _, app = proxied
     own, watchdog = watched(after=1.0, interval=0.05)
-    statuses: list[list[psycopg.pq.ExecStatus]] = []
+    late: list[float] = []
 
-    def read_late(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
-        pgconn = cursor.connection.pgconn
-        pgconn.send_query(statement.encode())
-        time.sleep(0.2)  # the reply arrived long ago; nobody reads it yet
-        got = []
-        while (result := pgconn.get_result()) is not None:
-            got.append(result.status)
-        statuses.append(got)
-        return True  # executed: SQLAlchemy sends nothing more
+    def read_late(cursor: Any) -> Any:
+        # Called inside execute() once the reply is in: the statement is still
+        # in flight for the watchdog while its backend already sits idle.
+        time.sleep(0.2)
+        late.append(time.monotonic())
+        return tuple_row(cursor)
 
     with own.connect() as conn:
         conn.execute(text("SELECT 1"))  # connected and the dialect initialized, before the hook
-        event.listen(app, "do_execute", read_late)
+        conn.connection.dbapi_connection.row_factory = read_late  # type: ignore[union-attr]
         try:
             watchdog.start()
             deadline = time.monotonic() + 4.0
             while time.monotonic() < deadline:
                 conn.execute(text("SELECT 1"))
         finally:
-            event.remove(app, "do_execute", read_late)
-    assert len(statuses) > 5 and all(got == [psycopg.pq.ExecStatus.TUPLES_OK] for got in statuses), statuses
+            conn.connection.dbapi_connection.row_factory = tuple_row  # type: ignore[union-attr]
+    assert len(late) > 5
     assert watchdog.freed == 0
+
+
+def test_a_jobs_connection_is_watched_while_the_job_holds_it(proxied: tuple[TcpProxy, Engine]) -> None:
+    """``watch_jobs``: a connection of the application's engine is watched
+    from ``own(connection)`` until its undo; one given back is not."""
+    proxy, app = proxied
+    watchdog = Watchdog(raw_connect(app), after=1.0, interval=0.2)
+    own = watchdog.watch_jobs()
+    try:
+        with app.connect() as held, app.connect() as released:
+            for conn in (held, released):
+                conn.execute(text("SELECT 1"))
+            release_held = own(held)
+            own(released)()
+            watchdog.start()
+            assert proxy.half_open() == 2
+            released_thread, released_outcome = _in_thread(released, "SELECT 1")
+            held_thread, held_outcome = _in_thread(held, "SELECT 2")
+            held_thread.join(30)
+            assert not held_thread.is_alive(), "the job's stalled statement was never freed"
+            release_held()
+            looked = watchdog.looks
+            wait_for(lambda: watchdog.looks >= looked + 3, 30, "three more looks of the watchdog")
+            assert released_thread.is_alive() and released_outcome == []
+            assert watchdog.freed == 1
+            proxy.stop()
+            released_thread.join(30)
+            assert not released_thread.is_alive()
+        [error] = held_outcome
+        assert isinstance(error, DBAPIError) and error.connection_invalidated
+    finally:
+        watchdog.stop()
+
+
+@pytest.mark.parametrize("mode", ["lease", "transaction"])
+def test_a_running_worker_adds_no_statement_event_to_the_applications_engine(db_url: URL, mode: str) -> None:
+    """A statement event on an engine puts every statement of it (the
+    application's own too) on SQLAlchemy's slower path with events, about a
+    sixth of a transaction-mode drain: the worker's watchdog watches its jobs'
+    connections through their cursors instead."""
+    app = create_engine(db_url)
+    registry = TaskRegistry()
+    running = threading.Event()
+    release = threading.Event()
+    seen: list[list[str]] = []
+
+    @registry.task
+    def look(job: TaskJob, session: Session) -> None:
+        session.execute(text("SELECT 1"))
+        seen.append([name for name in _STATEMENT_EVENTS if list(getattr(app.dispatch, name))])
+        running.set()
+        release.wait(60)
+
+    with Session(app) as session, session.begin():
+        jobs.enqueue(session, "look")
+    worker = Worker(app, jobs, registry, mode=mode, concurrency=1, poll_interval=0.05)
+    assert worker.options.stall_timeout is not None  # the watchdog is on by default
+    thread = threading.Thread(target=worker.run, kwargs={"until_empty": True}, daemon=True)
+    thread.start()
+    try:
+        assert running.wait(60), "the job never ran"
+    finally:
+        release.set()
+        thread.join(60)
+        app.dispose()
+    assert seen == [[]]
+    assert worker.result.completed == 1
 
 
 def test_only_the_watched_engines_connections_are_freed(

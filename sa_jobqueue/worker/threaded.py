@@ -277,12 +277,11 @@ class Worker:
             return lambda: None
         watchdog = Watchdog(raw_connect(self._engine), after=self.options.stall_timeout.total_seconds())
         unwatch_own = watchdog.watch_engine(own)
-        ctx.watch_connection, unwatch_jobs = watchdog.watch_jobs(self._engine)
+        ctx.watch_connection = watchdog.watch_jobs()
         watchdog.start()
 
         def stop() -> None:
             unwatch_own()
-            unwatch_jobs()
             watchdog.stop()
 
         return stop
