@@ -43,6 +43,10 @@ DEADLOCK_TRIES = 5
 NOTIFIED = "sa_jobqueue.notified"
 
 
+class _KeyFreed(Exception):
+    """A dedupe key was freed between an INSERT and its SELECT (internal)."""
+
+
 def runnable_now(row: dict[str, Any]) -> bool:
     """Whether a checked row is runnable at once (no delay, no future run_at)."""
     return not row["delay"] and (row["run_at"] is None or row["run_at"] <= datetime.now(timezone.utc))
@@ -99,28 +103,39 @@ class Enqueuer(Generic[M]):
         return [job for job in result if job is not None]
 
     def _insert_keyed_retrying(self, session: Session, rows: list[dict[str, Any]]) -> list[M]:
-        """:meth:`_insert_keyed` in a SAVEPOINT, tried again when PostgreSQL
-        ends it as a deadlock's victim.
+        """:meth:`_insert_keyed` in a SAVEPOINT, tried again when a key was
+        freed under it or PostgreSQL ended it as a deadlock's victim.
 
         Keyed rows go in one global order, so producers wait for each other
-        instead of deadlocking, but one case breaks the order: a key whose live
-        holder finished between this call's INSERT and its SELECT is inserted
-        again on its own, after keys that sort later. Rolling back to the
-        SAVEPOINT undoes only this statement's rows; the other transaction
-        goes on, and the next try finds its keys committed or free.
+        instead of deadlocking. A key whose live holder finished between this
+        statement's INSERT and its SELECT is free again, but inserting it now
+        would take it after keys that sort later, which this transaction
+        holds, and another producer may hold it and wait for one of those.
+        So the statement is rolled back to its SAVEPOINT (releasing its keys)
+        and written again, in order; only the last try inserts such a key on
+        its own. A deadlock (which an application's own locks can still make)
+        is tried again the same way.
         """
         for attempt in range(1, DEADLOCK_TRIES + 1):
+            last = attempt == DEADLOCK_TRIES
             try:
                 with session.begin_nested():
-                    return self._insert_keyed(session, rows)
+                    jobs = self._insert_keyed(session, rows, free_keys_now=last)
+                    if jobs is None:
+                        raise _KeyFreed  # rolls the SAVEPOINT back: the next try writes the key in order
+                    return jobs
+            except _KeyFreed:
+                continue
             except DBAPIError as exc:
-                if getattr(exc.orig, "sqlstate", None) != DEADLOCK or attempt == DEADLOCK_TRIES:
+                if getattr(exc.orig, "sqlstate", None) != DEADLOCK or last:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _insert_keyed(self, session: Session, rows: list[dict[str, Any]]) -> list[M]:
+    def _insert_keyed(self, session: Session, rows: list[dict[str, Any]], *, free_keys_now: bool) -> list[M] | None:
         """Rows with a dedupe key (one statement's worth): each row's new job,
-        or the live job holding its key."""
+        or the live job holding its key. None when a key was freed between
+        the INSERT and the SELECT, unless ``free_keys_now``: then such a row
+        is inserted on its own."""
         inserted = self.snapshots.all(session.execute(self._insert_dedupe, rows).all())
         by_key = {(job.queue, job.dedupe_key): job for job in inserted}
         wanted = {(row["queue"], row["dedupe_key"]) for row in rows} - set(by_key)
@@ -134,9 +149,11 @@ class Enqueuer(Generic[M]):
         for row in rows:
             found = by_key.get((row["queue"], row["dedupe_key"]))
             if found is None:
-                # The live holder finished between our INSERT and SELECT;
-                # the key is free again, so this row goes in after all.
-                found = self.many(session, [row], notify=False)[0]
+                if not free_keys_now:
+                    return None
+                again = self._insert_keyed(session, [row], free_keys_now=True)
+                assert again is not None  # free_keys_now never gives up
+                found = again[0]
                 by_key[(row["queue"], row["dedupe_key"])] = found
             jobs.append(found)
         return jobs

@@ -90,11 +90,21 @@ class _Backend:
     since: float | None = None  # monotonic start of the statement in flight, None when none is
     statement: int = 0  # counts the connection's statements: which one a check judged
     idle_checks: int = 0  # checks in a row that found the backend idle during this statement
-    # The cursor class of the connection while watched (made once per connection).
-    cursors: type[psycopg.Cursor[Any]] = field(init=False, repr=False)
+    # The watched cursor classes of the connection, by the cursor class each extends.
+    classes: dict[type[Any], type[psycopg.Cursor[Any]]] = field(default_factory=dict, repr=False)
 
-    def __post_init__(self) -> None:
-        self.cursors = _watched_cursors(self)
+    def cursors(self, base: Any) -> type[psycopg.Cursor[Any]] | None:
+        """The watched cursor class over ``base``, the connection's own cursor
+        class (``psycopg.Cursor``, or an application's ``ClientCursor``, which
+        stays what it is); made once per class. None when ``base`` is not a
+        psycopg cursor class (a factory function): such a connection is not
+        watched."""
+        if not (isinstance(base, type) and issubclass(base, psycopg.Cursor)):
+            return None
+        made = self.classes.get(base)
+        if made is None:
+            made = self.classes[base] = _watched_cursors(self, base)
+        return made
 
     def started(self) -> None:
         with self.lock:
@@ -107,12 +117,13 @@ class _Backend:
             self.since = None
 
 
-def _watched_cursors(backend: _Backend) -> type[psycopg.Cursor[Any]]:
-    """A psycopg cursor class whose statements ``backend`` sees: each in
-    flight from the call until it returns or raises. A class per connection,
-    made once, so that making a cursor costs what psycopg's own does."""
+def _watched_cursors(backend: _Backend, base: type[psycopg.Cursor[Any]]) -> type[psycopg.Cursor[Any]]:
+    """A subclass of the cursor class ``base`` whose statements ``backend``
+    sees: each in flight from the call until it returns or raises. Made once
+    per connection and class, so that making a cursor costs what making a
+    ``base`` does."""
 
-    class WatchedCursor(psycopg.Cursor[Any]):
+    class WatchedCursor(base):  # type: ignore[valid-type,misc]
         __slots__ = ()
 
         def execute(self, *args: Any, **kwargs: Any) -> Any:
@@ -260,10 +271,11 @@ class Watchdog:
         def own(connection: Any) -> Callable[[], None]:
             dbapi_connection = connection.connection.dbapi_connection
             backend = self._watch(dbapi_connection, connection.info, permanent=False)
-            if backend is None:
+            previous = getattr(dbapi_connection, "cursor_factory", None)
+            cursors = backend.cursors(previous) if backend is not None else None
+            if backend is None or cursors is None:
                 return _nothing
-            previous = dbapi_connection.cursor_factory
-            dbapi_connection.cursor_factory = backend.cursors
+            dbapi_connection.cursor_factory = cursors
 
             def release() -> None:
                 dbapi_connection.cursor_factory = previous
@@ -295,8 +307,9 @@ class Watchdog:
             info[self._key] = backend
             with self._lock:
                 self._backends.add(backend)
-            if permanent:
-                dbapi_connection.cursor_factory = backend.cursors
+            cursors = backend.cursors(dbapi_connection.cursor_factory) if permanent else None
+            if cursors is not None:
+                dbapi_connection.cursor_factory = cursors
         return backend if isinstance(backend, _Backend) else None
 
     # -- in the watchdog's thread -----------------------------------------------

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import random
 import threading
+from typing import Any
 
 from jobapp import EmailJob, emails
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, create_engine, delete, event, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
+from waiting import wait_for
 
 from sa_jobqueue import JobSpec
 
@@ -92,3 +94,72 @@ def _race(sessions: sessionmaker[Session]) -> None:
         plain = session.scalar(select(func.count()).select_from(EmailJob).where(EmailJob.dedupe_key.is_(None)))
     assert keyed == distinct == ROUNDS * KEYS
     assert plain == ROUNDS * PRODUCERS
+
+
+def test_a_key_freed_between_insert_and_select_is_written_again_in_order(engine: Engine) -> None:
+    """The one case the global order does not cover by itself: producer B's
+    INSERT skips key ``a`` (a live job holds it) and takes ``b``; the holder
+    finishes before B's SELECT, and producer A inserts ``a`` and waits for
+    B's ``b``. Were B to insert ``a`` now, on its own, it would wait for A
+    while A waits for it; B's statement is rolled back to its SAVEPOINT
+    instead (freeing ``b``) and written again in order. B detects deadlocks
+    at once and A never does, so a cycle would fail B's call every time."""
+    paused = create_engine(engine.url, pool_size=2)
+    b_inserted, b_go = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def pause_after_first_insert(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if threading.current_thread().name == "producer-b" and "ON CONFLICT" in statement and not b_inserted.is_set():
+            b_inserted.set()
+            b_go.wait(TIMEOUT)
+
+    event.listen(paused, "after_cursor_execute", pause_after_first_insert)
+    # Every error a statement of B's meets, the ones the library catches and retries included.
+    met: list[str | None] = []
+    event.listen(paused, "handle_error", lambda context: met.append(getattr(context.original_exception,
+                                                                              "sqlstate", None)))
+    specs = [JobSpec("noop", {"k": key}, dedupe_key=key) for key in ("dl-a", "dl-b")]
+
+    def produce(name: str, bind: Engine, deadlock_timeout: str) -> None:
+        try:
+            with Session(bind) as session, session.begin():
+                session.execute(text(f"SET LOCAL deadlock_timeout = '{deadlock_timeout}'"))
+                outcome[f"{name}-pid"] = session.execute(select(func.pg_backend_pid())).scalar_one()
+                outcome[name] = {job.dedupe_key: job.id for job in emails.enqueue_many(session, specs)}
+        except BaseException as exc:  # noqa: B036 - reported below
+            outcome[f"{name}-error"] = exc
+
+    try:
+        with Session(engine) as session, session.begin():
+            holder = emails.enqueue(session, "noop", dedupe_key="dl-a")
+        b = threading.Thread(target=produce, args=("b", paused, "10ms"), name="producer-b", daemon=True)
+        b.start()
+        assert b_inserted.wait(TIMEOUT), "producer B never inserted"
+        with Session(engine) as session, session.begin():
+            session.execute(delete(EmailJob).where(EmailJob.id == holder.id))  # the holder finished: "dl-a" is free
+        a = threading.Thread(target=produce, args=("a", engine, "60s"), name="producer-a", daemon=True)
+        a.start()
+
+        def a_waits_for_b() -> bool:
+            pid = outcome.get("a-pid")
+            with engine.connect() as conn:
+                return pid is not None and bool(conn.execute(
+                    text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid AND wait_event_type = 'Lock'"),
+                    {"pid": pid},
+                ).scalar())
+
+        wait_for(a_waits_for_b, TIMEOUT, "producer A to wait for producer B's key")
+        b_go.set()
+        for thread in (a, b):
+            thread.join(TIMEOUT)
+            assert not thread.is_alive(), f"{thread.name} hangs"
+    finally:
+        b_go.set()
+        paused.dispose()
+    errors = {k: v for k, v in outcome.items() if k.endswith("-error")}
+    assert not errors, errors
+    assert met == []  # B never waited for A: no deadlock to break, not even one retried
+    assert outcome["a"] == outcome["b"]  # one job per key, A's: B waited for it and returned it
+    with Session(engine) as session:
+        keys = session.scalars(select(EmailJob.dedupe_key).where(EmailJob.dedupe_key.like("dl-%"))).all()
+    assert sorted(keys) == ["dl-a", "dl-b"]

@@ -183,6 +183,25 @@ def test_a_jobs_connection_is_watched_while_the_job_holds_it(proxied: tuple[TcpP
         watchdog.stop()
 
 
+def test_a_watched_connection_keeps_its_own_cursor_class(db_url: URL) -> None:
+    """An application that makes client-side-binding cursors (``ClientCursor``,
+    as behind PgBouncer) keeps them while a job holds the connection."""
+    app = create_engine(db_url, connect_args={"cursor_factory": psycopg.ClientCursor})
+    own = Watchdog(raw_connect(app), after=1.0).watch_jobs()
+    try:
+        with app.connect() as conn:
+            dbapi_connection = conn.connection.dbapi_connection
+            assert dbapi_connection is not None
+            release = own(conn)
+            watched = type(dbapi_connection.cursor())
+            assert issubclass(watched, psycopg.ClientCursor) and watched is not psycopg.ClientCursor
+            assert conn.execute(text("SELECT :n"), {"n": 3}).scalar() == 3
+            release()
+            assert type(dbapi_connection.cursor()) is psycopg.ClientCursor
+    finally:
+        app.dispose()
+
+
 @pytest.mark.parametrize("mode", ["lease", "transaction"])
 def test_a_running_worker_adds_no_statement_event_to_the_applications_engine(db_url: URL, mode: str) -> None:
     """A statement event on an engine puts every statement of it (the
