@@ -38,6 +38,9 @@ M = TypeVar("M", bound=JobMixin)
 
 DEADLOCK = "40P01"  # deadlock_detected
 DEADLOCK_TRIES = 5
+# Under many producers a key's holder often finishes while the keyed INSERT
+# waits behind later keys; each try that meets this writes again, in order.
+FREED_KEY_TRIES = 20
 
 # session.info key: (transaction, {(channel, queue)}) already notified in it.
 NOTIFIED = "sa_jobqueue.notified"
@@ -112,12 +115,14 @@ class Enqueuer(Generic[M]):
         would take it after keys that sort later, which this transaction
         holds, and another producer may hold it and wait for one of those.
         So the statement is rolled back to its SAVEPOINT (releasing its keys)
-        and written again, in order; only the last try inserts such a key on
-        its own. A deadlock (which an application's own locks can still make)
-        is tried again the same way.
+        and written again, in order, up to :data:`FREED_KEY_TRIES` times; only
+        the last try inserts such a key on its own. A deadlock (which an
+        application's own locks can still make) is tried again the same way,
+        up to :data:`DEADLOCK_TRIES` times.
         """
-        for attempt in range(1, DEADLOCK_TRIES + 1):
-            last = attempt == DEADLOCK_TRIES
+        deadlocks = freed = 0
+        while True:
+            last = freed == FREED_KEY_TRIES - 1
             try:
                 with session.begin_nested():
                     jobs = self._insert_keyed(session, rows, free_keys_now=last)
@@ -125,11 +130,11 @@ class Enqueuer(Generic[M]):
                         raise _KeyFreed  # rolls the SAVEPOINT back: the next try writes the key in order
                     return jobs
             except _KeyFreed:
-                continue
+                freed += 1  # a job finished under the statement: progress elsewhere, so trying again is cheap
             except DBAPIError as exc:
-                if getattr(exc.orig, "sqlstate", None) != DEADLOCK or last:
+                deadlocks += 1
+                if getattr(exc.orig, "sqlstate", None) != DEADLOCK or deadlocks == DEADLOCK_TRIES:
                     raise
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _insert_keyed(self, session: Session, rows: list[dict[str, Any]], *, free_keys_now: bool) -> list[M] | None:
         """Rows with a dedupe key (one statement's worth): each row's new job,

@@ -12,9 +12,10 @@ What is watched: the statements sent through the engines given to
 completions), and, through :meth:`Watchdog.watch_jobs`, those of the
 connections the worker's jobs hold on the application's engine, while they
 hold them. Nothing else: never the application's other connections.
-Only statements sent through a cursor are watched: not ``COMMIT`` and
-``ROLLBACK`` (psycopg sends them from the connection), nor ``COPY``, nor
-the pool's pings.
+Only statements sent through a cursor are watched, and the commands a job's
+thread marks with :meth:`ConnectionWatch.in_flight` (the worker marks the
+``COMMIT`` of a job's, or a batch's, transaction); not ``ROLLBACK``, nor
+``COPY``, nor the pool's pings.
 
 How a connection is watched without touching what another thread owns: a
 watched psycopg connection makes its cursors with a cursor class of the
@@ -55,7 +56,8 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +144,40 @@ def _watched_cursors(backend: _Backend, base: type[psycopg.Cursor[Any]]) -> type
 
     return WatchedCursor
 
+
+class ConnectionWatch:
+    """A job's hold on a watched connection (see :meth:`Watchdog.watch_jobs`),
+    used by the thread that holds the connection."""
+
+    def __init__(self, backend: _Backend | None, dbapi_connection: Any = None, previous: Any = None) -> None:
+        self._backend = backend
+        self._dbapi_connection = dbapi_connection
+        self._previous = previous
+
+    @contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """Watch a command sent without a cursor, ``COMMIT`` above all
+        (psycopg sends it from the connection): in flight for the watchdog
+        until the block returns or raises."""
+        if self._backend is None:
+            yield
+            return
+        self._backend.started()
+        try:
+            yield
+        finally:
+            self._backend.ended()
+
+    def release(self) -> None:
+        """Stop watching: the connection's own cursor class again. Call it
+        before the connection goes back to the pool."""
+        if self._backend is not None:
+            self._dbapi_connection.cursor_factory = self._previous
+            self._backend.ended()
+
+
+#: The watch of a connection that is not watched (no watchdog, or not a psycopg connection).
+NOT_WATCHED = ConnectionWatch(None)
 
 _UNWATCHED = object()  # the record of a connection that is not a psycopg one
 
@@ -257,31 +293,27 @@ class Watchdog:
 
         return unwatch
 
-    def watch_jobs(self) -> Callable[[Any], Callable[[], None]]:
+    def watch_jobs(self) -> Callable[[Any], ConnectionWatch]:
         """Watch the statements of the connections the worker's jobs hold on
         the application's engine, and only those, while they hold them.
 
         Returns ``own``: ``own(connection)``, called in the thread that holds
-        the :class:`~sqlalchemy.engine.Connection`, watches it and returns the
-        undo, which that thread calls before the connection goes back to the
-        pool. A statement of a connection not owned so (the application's
-        own, in the same process) is never looked at, so it is never ended.
+        the :class:`~sqlalchemy.engine.Connection`, watches it and returns its
+        :class:`ConnectionWatch`, which that thread releases before the
+        connection goes back to the pool. A statement of a connection not
+        owned so (the application's own, in the same process) is never looked
+        at, so it is never ended.
         """
 
-        def own(connection: Any) -> Callable[[], None]:
+        def own(connection: Any) -> ConnectionWatch:
             dbapi_connection = connection.connection.dbapi_connection
             backend = self._watch(dbapi_connection, connection.info, permanent=False)
             previous = getattr(dbapi_connection, "cursor_factory", None)
             cursors = backend.cursors(previous) if backend is not None else None
             if backend is None or cursors is None:
-                return _nothing
+                return NOT_WATCHED
             dbapi_connection.cursor_factory = cursors
-
-            def release() -> None:
-                dbapi_connection.cursor_factory = previous
-                backend.ended()
-
-            return release
+            return ConnectionWatch(backend, dbapi_connection, previous)
 
         return own
 
@@ -389,5 +421,3 @@ class Watchdog:
             return list(conn.execute(query, params).fetchall())
 
 
-def _nothing() -> None:
-    """The undo of watching a connection that is not watched."""

@@ -7,20 +7,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from jobapp import TaskJob, jobs
+from jobapp import Ledger, TaskJob, jobs
 from psycopg.rows import tuple_row
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, event, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 from tcpproxy import TcpProxy
 from waiting import wait_for
 
-from sa_jobqueue import TaskRegistry, Worker
+from sa_jobqueue import RetryPolicy, TaskRegistry, Worker
 from sa_jobqueue.connections import raw_connect, worker_engine
 from sa_jobqueue.watchdog import Watchdog
 
@@ -161,15 +162,15 @@ def test_a_jobs_connection_is_watched_while_the_job_holds_it(proxied: tuple[TcpP
         with app.connect() as held, app.connect() as released:
             for conn in (held, released):
                 conn.execute(text("SELECT 1"))
-            release_held = own(held)
-            own(released)()
+            watch_held = own(held)
+            own(released).release()
             watchdog.start()
             assert proxy.half_open() == 2
             released_thread, released_outcome = _in_thread(released, "SELECT 1")
             held_thread, held_outcome = _in_thread(held, "SELECT 2")
             held_thread.join(30)
             assert not held_thread.is_alive(), "the job's stalled statement was never freed"
-            release_held()
+            watch_held.release()
             looked = watchdog.looks
             wait_for(lambda: watchdog.looks >= looked + 3, 30, "three more looks of the watchdog")
             assert released_thread.is_alive() and released_outcome == []
@@ -183,6 +184,57 @@ def test_a_jobs_connection_is_watched_while_the_job_holds_it(proxied: tuple[TcpP
         watchdog.stop()
 
 
+@pytest.mark.parametrize("mode", ["lease", "transaction"])
+def test_a_jobs_commit_stalled_on_the_network_is_freed(
+    proxied: tuple[TcpProxy, Engine], engine: Engine, mode: str
+) -> None:
+    """psycopg sends COMMIT from the connection, not a cursor: the worker
+    marks it in flight, so a COMMIT behind a half-open path is freed like a
+    statement. The first run's COMMIT stalls (its backend's connection alone
+    is frozen, in ``before_commit``); the watchdog ends it, nothing of that
+    run commits, and the job runs again and completes. Unwatched, the COMMIT
+    would wait forever and the job with it."""
+    proxy, app = proxied
+    sessions = sessionmaker(app, expire_on_commit=False)
+    registry = TaskRegistry()
+    ports: list[int] = []
+    runs: list[int] = []
+
+    @registry.task(retry=RetryPolicy(base=timedelta(0), jitter=0.0))
+    def commit_stalls_once(job: TaskJob, session: Session) -> None:
+        runs.append(job.id)
+        port = session.execute(text("SELECT client_port FROM pg_stat_activity WHERE pid = pg_backend_pid()"))
+        ports.append(int(port.scalar_one()))
+        session.add(Ledger(job_id=job.id))
+
+    frozen: list[int] = []
+
+    @event.listens_for(sessions, "before_commit")
+    def stall_the_first_commit(session: Session) -> None:
+        if ports and not frozen:
+            frozen.append(proxy.half_open({ports[0]}))
+
+    with Session(engine) as session, session.begin():
+        job = jobs.enqueue(session, "commit_stalls_once")
+    worker = Worker(sessions, jobs, registry, mode=mode, concurrency=1, poll_interval=0.05,
+                    stall_timeout=timedelta(seconds=1), shutdown_timeout=timedelta(seconds=5))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        def ledger_rows() -> int:
+            with Session(engine) as session:
+                return len(session.scalars(select(Ledger.job_id).where(Ledger.job_id == job.id)).all())
+
+        wait_for(lambda: ledger_rows() == 1, 60, "the job to complete after its stalled COMMIT was freed")
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert frozen == [1] and len(runs) == 2  # the stalled run committed nothing; the second did
+    with Session(engine) as session:
+        assert session.get(TaskJob, job.id) is None  # completed once
+
+
 def test_a_watched_connection_keeps_its_own_cursor_class(db_url: URL) -> None:
     """An application that makes client-side-binding cursors (``ClientCursor``,
     as behind PgBouncer) keeps them while a job holds the connection."""
@@ -192,11 +244,11 @@ def test_a_watched_connection_keeps_its_own_cursor_class(db_url: URL) -> None:
         with app.connect() as conn:
             dbapi_connection = conn.connection.dbapi_connection
             assert dbapi_connection is not None
-            release = own(conn)
+            watch = own(conn)
             watched = type(dbapi_connection.cursor())
             assert issubclass(watched, psycopg.ClientCursor) and watched is not psycopg.ClientCursor
             assert conn.execute(text("SELECT :n"), {"n": 3}).scalar() == 3
-            release()
+            watch.release()
             assert type(dbapi_connection.cursor()) is psycopg.ClientCursor
     finally:
         app.dispose()

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..watchdog import NOT_WATCHED, ConnectionWatch
+
 if TYPE_CHECKING:
     from ..task import Tasks
     from .books import Books
@@ -63,8 +65,8 @@ class WorkerContext:
     stopping: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event = field(default_factory=threading.Event)
     sessions_open: int = 0  # job sessions this worker holds right now
-    # Marks a job's connection as watched by the watchdog; returns the undo (None: no watchdog).
-    watch_connection: Callable[[Any], Callable[[], None]] | None = None
+    # Watches a job's connection while the job holds it (None: no watchdog).
+    watch_connection: Callable[[Any], ConnectionWatch] | None = None
     _turn: int = 0
     _hand_backs: list[Any] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -95,6 +97,10 @@ class WorkerContext:
         with self._lock:
             held, self._hand_backs = self._hand_backs, []
         return held
+
+    def watch(self, connection: Any) -> ConnectionWatch:
+        """The watchdog's watch of a job's connection, held until released."""
+        return NOT_WATCHED if self.watch_connection is None else self.watch_connection(connection)
 
     def back_off(self) -> None:
         """Something failed that the next claim would meet again: wait a poll interval."""

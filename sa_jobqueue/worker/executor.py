@@ -36,6 +36,7 @@ from .. import signals
 from ..connections import backend_pid, is_fatal_to_connection
 from ..errors import JobLostError
 from ..logs import job_context
+from ..watchdog import ConnectionWatch
 from .books import Held
 from .context import READ_COMMITTED, WorkerContext
 from .failures import Failure, failure_of, record_failure, refuse_awaitable
@@ -106,16 +107,15 @@ class JobExecutor:
             held.connecting_since = None
             if held.gave_up:
                 return  # handed back while the checkout stalled; this thread was replaced
-        unwatch = ctx.watch_connection(connection) if ctx.watch_connection is not None else None
+        watch = ctx.watch(connection)
         ctx.session_opened(1)
         try:
-            self._attempt(held, task, session, connection)
+            self._attempt(held, task, session, connection, watch)
         finally:
             ctx.session_opened(-1)
-            if unwatch is not None:
-                unwatch()
+            watch.release()
 
-    def _attempt(self, held: Held, task: Any, session: Session, connection: Any) -> None:
+    def _attempt(self, held: Held, task: Any, session: Session, connection: Any, watch: ConnectionWatch) -> None:
         ctx, repo, job = self.ctx, held.repo, held.job
         self._start(held, task)
         try:
@@ -128,7 +128,8 @@ class JobExecutor:
                 return
             ctx.books.release(job)
             repo.complete(session, job)
-            session.commit()
+            with watch.in_flight():  # a COMMIT stalled on the network is the watchdog's too
+                session.commit()
         except JobLostError as lost:
             session.rollback()
             log.warning("worker %s: %s; the handler's writes were rolled back", ctx.name, lost)

@@ -118,7 +118,8 @@ class TransactionMode:
     def run_batch(self) -> bool:
         """Claim a batch and run it in one transaction; False when nothing was claimable."""
         ctx = self.ctx
-        with ctx.sessions() as session, session.begin():
+        with ctx.sessions() as session:
+            session.begin()
             try:
                 connection = session.connection(execution_options=READ_COMMITTED)
             except sa_exc.TimeoutError:
@@ -129,17 +130,18 @@ class TransactionMode:
                           pool.status() if pool is not None else "unknown pool", len(self.slots) - 1)
                 ctx.back_off()
                 return False
-            unwatch = ctx.watch_connection(connection) if ctx.watch_connection is not None else None
+            watch = ctx.watch(connection)
             try:
                 batch = self._run_batch(session, backend_pid(connection))
+                with watch.in_flight():  # a COMMIT stalled on the network is the watchdog's too
+                    session.commit()
             except BaseException as exc:
                 if is_fatal_to_connection(exc):
                     connection.invalidate()  # a read-only or dead connection must not serve the next batch
                     ctx.back_off()
-                raise
+                raise  # the session's close rolls the batch back
             finally:
-                if unwatch is not None:
-                    unwatch()
+                watch.release()
         if batch is None:
             return False
         # Committed: now count, and tell the receivers.
