@@ -403,8 +403,7 @@ def test_a_read_only_period(make_run: MakeRun, mode: str) -> None:
     bound, not a timing assertion: without the discard, the errors go on
     until the drain times out). Workers log at INFO, so handler failures are
     in their logs too."""
-    run = make_run("read_only", mode, jobs=JOBS, worker_args=["--log-level", "INFO"], drain_timeout=120.0,
-                   known_bug="transaction mode keeps a read-only connection" if mode == "transaction" else None)
+    run = make_run("read_only", mode, jobs=JOBS, worker_args=["--log-level", "INFO"], drain_timeout=120.0)
     period = 5.0
     grace = 30.0
 
@@ -564,9 +563,7 @@ def test_max_connections_exhausted(make_run: MakeRun, mode: str) -> None:
     attempts than its handler started (the run logs); nothing lost or
     committed twice."""
     run = make_run("max_connections", mode, jobs=JOBS, payload=_slow_enough, worker_args=["--null-pool"],
-                   drain_timeout=120.0,
-                   known_bug="a hand-back that cannot connect leaves the attempt to the reaper" if mode == "lease"
-                   else None)
+                   drain_timeout=120.0)
     hold = 5.0
     refused: list[str] = []
 
@@ -651,8 +648,7 @@ def test_bulk_enqueue_with_dedupe_keys_from_many_producers(make_run: MakeRun, mo
     0.2 s; the table's partial unique index); every job, the producers'
     included, completes exactly once."""
     producers, seconds = 20, 20.0
-    run = make_run("bulk_dedupe", mode, jobs=JOBS, drain_timeout=120.0,
-                   known_bug="enqueue_many re-inserts a key out of order")
+    run = make_run("bulk_dedupe", mode, jobs=JOBS, drain_timeout=120.0)
     index = run.query("SELECT indexdef FROM pg_indexes WHERE indexname = 'uq_chaos_jobs_dedupe_v1'")
     assert index and "UNIQUE" in index[0][0], index
     run.start()
