@@ -56,9 +56,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -66,6 +64,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from .connections import own_session
+from .inflight import NOT_WATCHED, ConnectionWatch, StatementRecord
 from .sockets import shutdown_socket, socket_deadline
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -79,105 +78,6 @@ _STATES = (
     "FROM pg_stat_activity WHERE pid = ANY(%s)"
 )
 
-
-@dataclass(eq=False)
-class _Backend:
-    """What the watchdog knows of one watched connection. ``pid`` and ``fd``
-    are read once, by the owning thread; the rest changes under ``lock``
-    (the watchdog's)."""
-
-    pid: int
-    fd: int
-    lock: threading.Lock = field(repr=False)
-    since: float | None = None  # monotonic start of the statement in flight, None when none is
-    statement: int = 0  # counts the connection's statements: which one a check judged
-    idle_checks: int = 0  # checks in a row that found the backend idle during this statement
-    # The watched cursor classes of the connection, by the cursor class each extends.
-    classes: dict[type[Any], type[psycopg.Cursor[Any]]] = field(default_factory=dict, repr=False)
-
-    def cursors(self, base: Any) -> type[psycopg.Cursor[Any]] | None:
-        """The watched cursor class over ``base``, the connection's own cursor
-        class (``psycopg.Cursor``, or an application's ``ClientCursor``, which
-        stays what it is); made once per class. None when ``base`` is not a
-        psycopg cursor class (a factory function): such a connection is not
-        watched."""
-        if not (isinstance(base, type) and issubclass(base, psycopg.Cursor)):
-            return None
-        made = self.classes.get(base)
-        if made is None:
-            made = self.classes[base] = _watched_cursors(self, base)
-        return made
-
-    def started(self) -> None:
-        with self.lock:
-            self.since = time.monotonic()
-            self.statement += 1
-            self.idle_checks = 0
-
-    def ended(self) -> None:
-        with self.lock:
-            self.since = None
-
-
-def _watched_cursors(backend: _Backend, base: type[psycopg.Cursor[Any]]) -> type[psycopg.Cursor[Any]]:
-    """A subclass of the cursor class ``base`` whose statements ``backend``
-    sees: each in flight from the call until it returns or raises. Made once
-    per connection and class, so that making a cursor costs what making a
-    ``base`` does."""
-
-    class WatchedCursor(base):  # type: ignore[valid-type,misc]
-        __slots__ = ()
-
-        def execute(self, *args: Any, **kwargs: Any) -> Any:
-            backend.started()
-            try:
-                return super().execute(*args, **kwargs)
-            finally:
-                backend.ended()
-
-        def executemany(self, *args: Any, **kwargs: Any) -> Any:
-            backend.started()
-            try:
-                return super().executemany(*args, **kwargs)
-            finally:
-                backend.ended()
-
-    return WatchedCursor
-
-
-class ConnectionWatch:
-    """A job's hold on a watched connection (see :meth:`Watchdog.watch_jobs`),
-    used by the thread that holds the connection."""
-
-    def __init__(self, backend: _Backend | None, dbapi_connection: Any = None, previous: Any = None) -> None:
-        self._backend = backend
-        self._dbapi_connection = dbapi_connection
-        self._previous = previous
-
-    @contextmanager
-    def in_flight(self) -> Iterator[None]:
-        """Watch a command sent without a cursor, ``COMMIT`` above all
-        (psycopg sends it from the connection): in flight for the watchdog
-        until the block returns or raises."""
-        if self._backend is None:
-            yield
-            return
-        self._backend.started()
-        try:
-            yield
-        finally:
-            self._backend.ended()
-
-    def release(self) -> None:
-        """Stop watching: the connection's own cursor class again. Call it
-        before the connection goes back to the pool."""
-        if self._backend is not None:
-            self._dbapi_connection.cursor_factory = self._previous
-            self._backend.ended()
-
-
-#: The watch of a connection that is not watched (no watchdog, or not a psycopg connection).
-NOT_WATCHED = ConnectionWatch(None)
 
 _UNWATCHED = object()  # the record of a connection that is not a psycopg one
 
@@ -255,7 +155,7 @@ class Watchdog:
         self._check_timeout = check_timeout
         self._application_name = application_name
         self._key = object()  # this watchdog's entry in each connection's info
-        self._backends: weakref.WeakSet[_Backend] = weakref.WeakSet()
+        self._backends: weakref.WeakSet[StatementRecord] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sa_jobqueue-watchdog", daemon=True)
@@ -326,7 +226,7 @@ class Watchdog:
 
     # -- in the threads that execute -------------------------------------------
 
-    def _watch(self, dbapi_connection: Any, info: dict[Any, Any], *, permanent: bool = True) -> _Backend | None:
+    def _watch(self, dbapi_connection: Any, info: dict[Any, Any], *, permanent: bool = True) -> StatementRecord | None:
         """The record of a connection, made on first sight by the thread that
         owns it (reading libpq there is safe); with ``permanent``, its cursors
         are watched from now on. None for a connection that is not psycopg's."""
@@ -335,14 +235,16 @@ class Watchdog:
             if not isinstance(dbapi_connection, psycopg.Connection):
                 info[self._key] = _UNWATCHED
                 return None
-            backend = _Backend(pid=dbapi_connection.info.backend_pid, fd=dbapi_connection.fileno(), lock=self._lock)
+            backend = StatementRecord(
+                pid=dbapi_connection.info.backend_pid, fd=dbapi_connection.fileno(), lock=self._lock
+            )
             info[self._key] = backend
             with self._lock:
                 self._backends.add(backend)
             cursors = backend.cursors(dbapi_connection.cursor_factory) if permanent else None
             if cursors is not None:
                 dbapi_connection.cursor_factory = cursors
-        return backend if isinstance(backend, _Backend) else None
+        return backend if isinstance(backend, StatementRecord) else None
 
     # -- in the watchdog's thread -----------------------------------------------
 
@@ -356,7 +258,7 @@ class Watchdog:
                 log.exception("watchdog: check failed")
             self.looks += 1
 
-    def _suspects(self) -> list[tuple[_Backend, int, float]]:
+    def _suspects(self) -> list[tuple[StatementRecord, int, float]]:
         """Statements in flight for ``after`` seconds: (backend, which statement, since)."""
         now = time.monotonic()
         with self._lock:
@@ -366,7 +268,7 @@ class Watchdog:
                 if backend.since is not None and now - backend.since >= self._after
             ]
 
-    def _check(self, suspects: list[tuple[_Backend, int, float]]) -> None:
+    def _check(self, suspects: list[tuple[StatementRecord, int, float]]) -> None:
         states = self._backend_states(sorted({backend.pid for backend, _, _ in suspects}))
         for backend, statement, since in suspects:
             state, age = states.get(backend.pid, ("unknown", 0.0))

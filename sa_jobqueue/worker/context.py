@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..watchdog import NOT_WATCHED, ConnectionWatch
+from ..inflight import NOT_WATCHED, ConnectionWatch
 
 if TYPE_CHECKING:
     from ..task import Tasks

@@ -35,8 +35,8 @@ from sqlalchemy.orm import Session
 from .. import signals
 from ..connections import backend_pid, is_fatal_to_connection
 from ..errors import JobLostError
+from ..inflight import ConnectionWatch
 from ..logs import job_context
-from ..watchdog import ConnectionWatch
 from .books import Held
 from .context import READ_COMMITTED, WorkerContext
 from .failures import Failure, failure_of, record_failure, refuse_awaitable
