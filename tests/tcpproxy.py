@@ -26,6 +26,7 @@ frozen until :meth:`stop`.
 
 from __future__ import annotations
 
+import os
 import queue
 import selectors
 import socket
@@ -88,16 +89,23 @@ class TcpProxy:
         """Reset every open connection (both legs); return how many were cut."""
         return int(self._call(self._cut))  # type: ignore[call-overload]
 
-    def half_open(self, upstream_ports: set[int] | None = None) -> int:
+    def half_open(self, upstream_ports: set[int] | None = None, *, client_ports: set[int] | None = None) -> int:
         """Stop forwarding on every open connection, keeping its sockets open;
         return how many were frozen. New connections are forwarded.
 
         ``upstream_ports``: freeze only the connections whose proxy-to-server
         leg has one of these local ports: PostgreSQL shows that port as the
         backend's ``client_port`` in ``pg_stat_activity``, so a test can stall
-        one chosen backend's connection.
+        one chosen backend's connection. Only for a TCP upstream: over a Unix
+        socket the server sees no port (``client_port`` is -1).
+
+        ``client_ports``: freeze only the connections whose client leg comes
+        from one of these ports (the client's own local port, see
+        :func:`local_port`); works for either kind of upstream.
         """
-        return int(self._call(lambda: self._half_open(upstream_ports)))  # type: ignore[call-overload]
+        if upstream_ports is not None and isinstance(self.upstream, str):
+            raise ValueError("upstream_ports needs a TCP upstream; this proxy forwards to a Unix socket")
+        return int(self._call(lambda: self._half_open(upstream_ports, client_ports)))  # type: ignore[call-overload]
 
     def open_connections(self) -> int:
         return int(self._call(lambda: len({id(p) for p in self._pairs.values()})))  # type: ignore[call-overload]
@@ -122,7 +130,10 @@ class TcpProxy:
         reply: queue.Queue[object] = queue.Queue(maxsize=1)
         self._commands.put((fn, reply))
         self._wake_w.send(b"x")
-        return reply.get(timeout=timeout)
+        outcome = reply.get(timeout=timeout)
+        if isinstance(outcome, _Raised):
+            raise outcome.error
+        return outcome
 
     # -- the loop (proxy thread only) ------------------------------------------
 
@@ -148,7 +159,13 @@ class TcpProxy:
                 fn, reply = self._commands.get_nowait()
             except queue.Empty:
                 return
-            reply.put(fn())
+            # A failing command fails its caller, not the loop: a dead loop
+            # would leave every connection through the proxy hanging.
+            try:
+                outcome: object = fn()
+            except Exception as exc:
+                outcome = _Raised(exc)
+            reply.put(outcome)
 
     def _accept(self) -> None:
         while True:
@@ -234,9 +251,10 @@ class TcpProxy:
         self.stats.cut += len(pairs)
         return len(pairs)
 
-    def _half_open(self, upstream_ports: set[int] | None) -> int:
+    def _half_open(self, upstream_ports: set[int] | None, client_ports: set[int] | None) -> int:
         pairs = [p for p in self._unique_pairs()
-                 if upstream_ports is None or p.server.getsockname()[1] in upstream_ports]
+                 if (upstream_ports is None or p.server.getsockname()[1] in upstream_ports)
+                 and (client_ports is None or p.client.getpeername()[1] in client_ports)]
         for pair in pairs:
             self._detach(pair)  # never read or written again; the sockets stay open
         self._frozen.extend(pairs)
@@ -252,6 +270,18 @@ class TcpProxy:
         self._selector.unregister(self._listener)
         self._listener.close()
         self._stopping = True
+
+
+def local_port(fd: int) -> int:
+    """The local port of the TCP socket ``fd`` (a client's side of a
+    connection to the proxy, e.g. a psycopg connection's ``fileno()``)."""
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class _Raised:
+    error: Exception
 
 
 def _connect(upstream: tuple[str, int] | str) -> socket.socket:
