@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,18 +95,20 @@ class ConnectionWatch:
         self._dbapi_connection = dbapi_connection
         self._previous = previous
 
-    @contextmanager
-    def in_flight(self) -> Iterator[None]:
+    def in_flight(self) -> ConnectionWatch:
         """Watch a command sent without a cursor, ``COMMIT`` above all
-        (psycopg sends it from the connection): in flight for the watchdog
-        until the block returns or raises."""
-        if self._backend is None:
-            yield
-            return
-        self._backend.started()
-        try:
-            yield
-        finally:
+        (psycopg sends it from the connection): ``with watch.in_flight():``,
+        in flight for the watchdog until the block returns or raises."""
+        return self
+
+    # A class-based context manager: this runs once per job, and a generator
+    # (contextlib) costs several calls more.
+    def __enter__(self) -> None:
+        if self._backend is not None:
+            self._backend.started()
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._backend is not None:
             self._backend.ended()
 
     def release(self) -> None:

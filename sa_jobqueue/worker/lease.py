@@ -50,6 +50,7 @@ class LeaseMode:
         self.claimers = Slots(CLAIMERS, name="sa_jobqueue-claim", on_done=lambda _: ctx.wake.set())
         self._overdue: list[Held] = []  # timed out, their handler not returned yet
         self._next_hand_back = 0.0
+        self._next_due = float("inf")  # the earliest deadline the latest watch saw
 
     # -- the loop's step -----------------------------------------------------
 
@@ -69,9 +70,10 @@ class LeaseMode:
         return until_empty and pacer.drained(busy=busy)
 
     def sleep(self, now: float, deadline: float) -> float:
-        due = [h.deadline for h in self.ctx.books.held() if h.deadline is not None]
-        due += [h.deadline + grace(h) for h in self._overdue if h.deadline is not None]
-        return self.ctx.pacer.sleep(now, busy=False, deadline=min([deadline, *due]))
+        # The deadlines as of this iteration's watch, which scanned the held
+        # jobs already (a job that starts after it is seen at the next wake,
+        # as one that starts while the loop sleeps).
+        return self.ctx.pacer.sleep(now, busy=False, deadline=min(deadline, self._next_due))
 
     def _slot_done(self, active: int) -> None:
         """A slot finished a job: wake the loop when it may claim again."""
@@ -146,8 +148,11 @@ class LeaseMode:
                 self._next_hand_back = now + self.ctx.options.poll_interval
                 hand_back(self.ctx, again)
         stall = self.ctx.options.stall_timeout
+        next_due = float("inf")
         for held in self.ctx.books.held():
-            if held.deadline is not None and now >= held.deadline and not held.finished:
+            if held.deadline is not None and now < held.deadline:
+                next_due = min(next_due, held.deadline)
+            elif held.deadline is not None and not held.finished:
                 self._time_out(held)
             elif (stall is not None and held.connecting_since is not None
                   and now - held.connecting_since >= stall.total_seconds()):
@@ -161,6 +166,10 @@ class LeaseMode:
                     log.error("worker %s: job %s (%s) is still running %g s past its deadline; its thread is "
                               "given up on and replaced (%s stuck so far)", self.ctx.name, held.job.id,
                               held.job.task, grace(held), self.slots.stuck)
+        for held in self._overdue:
+            if held.deadline is not None:
+                next_due = min(next_due, held.deadline + grace(held))
+        self._next_due = next_due
         check_stuck(self.ctx, self.slots)
 
     def _give_up_connecting(self, held: Held) -> None:

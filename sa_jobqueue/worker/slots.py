@@ -139,5 +139,6 @@ class Slots:
                     self._ran += 1
                 else:
                     self._empty += 1
-                self._idle.notify_all()
+                if active <= 0:  # wait_idle waits for nothing in flight, nothing else
+                    self._idle.notify_all()
             self._on_done(active)
