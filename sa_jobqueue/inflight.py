@@ -17,37 +17,27 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["NOT_WATCHED", "ConnectionWatch", "StatementRecord", "watched_cursors"]
+__all__ = [
+    "NOT_WATCHABLE", "NOT_WATCHED", "ConnectionWatch", "StatementRecord", "unwatch_cursors", "watch_cursors",
+    "watched_cursors",
+]
 
 
 @dataclass(eq=False)
 class StatementRecord:
     """What a watchdog knows of one watched connection. ``pid`` and ``fd``
     are read once, by the thread that owns the connection; the rest changes
-    under ``lock`` (the watchdog's): the thread that executes marks a
-    statement started and ended, the watchdog's thread reads and judges."""
+    under ``lock``: the thread that executes marks a statement started and
+    ended, the watchdog's thread reads and judges. One lock per connection,
+    not one per watchdog: the jobs' threads mark every statement, and a lock
+    they all shared would make them wait on each other."""
 
     pid: int
     fd: int
-    lock: threading.Lock = field(repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     since: float | None = None  # monotonic start of the statement in flight, None when none is
     statement: int = 0  # counts the connection's statements: which one a check judged
     idle_checks: int = 0  # checks in a row that found the backend idle during this statement
-    # The watched cursor classes of the connection, by the cursor class each extends.
-    classes: dict[type[Any], type[psycopg.Cursor[Any]]] = field(default_factory=dict, repr=False)
-
-    def cursors(self, base: Any) -> type[psycopg.Cursor[Any]] | None:
-        """The watched cursor class over ``base``, the connection's own cursor
-        class (``psycopg.Cursor``, or an application's ``ClientCursor``, which
-        stays what it is); made once per class. None when ``base`` is not a
-        psycopg cursor class (a factory function): such a connection is not
-        watched."""
-        if not (isinstance(base, type) and issubclass(base, psycopg.Cursor)):
-            return None
-        made = self.classes.get(base)
-        if made is None:
-            made = self.classes[base] = watched_cursors(self, base)
-        return made
 
     def started(self) -> None:
         with self.lock:
@@ -60,28 +50,87 @@ class StatementRecord:
             self.since = None
 
 
-def watched_cursors(backend: StatementRecord, base: type[psycopg.Cursor[Any]]) -> type[psycopg.Cursor[Any]]:
-    """A subclass of the cursor class ``base`` whose statements ``backend``
-    sees: each in flight from the call until it returns or raises. Made once
-    per connection and class, so that making a cursor costs what making a
-    ``base`` does."""
+# The attribute of a watched psycopg connection naming its record, read by
+# the watched cursors: None (or absent) when the connection is not watched.
+_RECORD = "_sa_jobqueue_statements"
 
+# The watched cursor classes, one per cursor class they extend, for the whole
+# process. A class per connection would do without the attribute, but every
+# call site in psycopg and SQLAlchemy that touches a cursor would then see
+# many types, which CPython's specializing interpreter runs on its slower
+# path: a transaction-mode drain at 16 threads ran about 10% slower so.
+_classes: dict[type[Any], type[psycopg.Cursor[Any]]] = {}
+_classes_lock = threading.Lock()
+
+
+def watched_cursors(base: Any) -> type[psycopg.Cursor[Any]] | None:
+    """The watched cursor class over ``base``, a connection's own cursor
+    class (``psycopg.Cursor``, or an application's ``ClientCursor``, which
+    stays what it is): each statement of a cursor it makes is in flight for
+    the record of the cursor's connection (:func:`watch_cursors`) from the
+    call until it returns or raises. None when ``base`` is not a psycopg
+    cursor class (a factory function): such a connection is not watched."""
+    if not (isinstance(base, type) and issubclass(base, psycopg.Cursor)):
+        return None
+    if base in _classes.values():
+        return base  # watched already
+    made = _classes.get(base)
+    if made is None:
+        with _classes_lock:
+            made = _classes.get(base)
+            if made is None:
+                made = _classes[base] = _watched_subclass(base)
+    return made
+
+
+def watch_cursors(dbapi_connection: Any, record: StatementRecord) -> Any:
+    """Make the statements of ``dbapi_connection``'s cursors in flight for
+    ``record`` from now on; return the cursor class it had, to give back to
+    :func:`unwatch_cursors`. Returns :data:`NOT_WATCHABLE`, and changes
+    nothing, when its cursor factory is not a psycopg cursor class. Call it
+    in the thread that owns the connection."""
+    previous = getattr(dbapi_connection, "cursor_factory", None)
+    cursors = watched_cursors(previous)
+    if cursors is None:
+        return NOT_WATCHABLE
+    setattr(dbapi_connection, _RECORD, record)
+    dbapi_connection.cursor_factory = cursors
+    return previous
+
+
+def unwatch_cursors(dbapi_connection: Any, previous: Any) -> None:
+    """Undo :func:`watch_cursors`: the connection's own cursor class again."""
+    dbapi_connection.cursor_factory = previous
+    setattr(dbapi_connection, _RECORD, None)
+
+
+#: What :func:`watch_cursors` returns for a connection it cannot watch.
+NOT_WATCHABLE = object()
+
+
+def _watched_subclass(base: type[psycopg.Cursor[Any]]) -> type[psycopg.Cursor[Any]]:
     class WatchedCursor(base):  # type: ignore[valid-type,misc]
         __slots__ = ()
 
         def execute(self, *args: Any, **kwargs: Any) -> Any:
-            backend.started()
+            record: StatementRecord | None = getattr(self.connection, _RECORD, None)
+            if record is None:
+                return super().execute(*args, **kwargs)
+            record.started()
             try:
                 return super().execute(*args, **kwargs)
             finally:
-                backend.ended()
+                record.ended()
 
         def executemany(self, *args: Any, **kwargs: Any) -> Any:
-            backend.started()
+            record: StatementRecord | None = getattr(self.connection, _RECORD, None)
+            if record is None:
+                return super().executemany(*args, **kwargs)
+            record.started()
             try:
                 return super().executemany(*args, **kwargs)
             finally:
-                backend.ended()
+                record.ended()
 
     return WatchedCursor
 
@@ -115,7 +164,7 @@ class ConnectionWatch:
         """Stop watching: the connection's own cursor class again. Call it
         before the connection goes back to the pool."""
         if self._backend is not None:
-            self._dbapi_connection.cursor_factory = self._previous
+            unwatch_cursors(self._dbapi_connection, self._previous)
             self._backend.ended()
 
 

@@ -19,12 +19,13 @@ thread marks with :meth:`ConnectionWatch.in_flight` (the worker marks the
 
 How a connection is watched without touching what another thread owns: a
 watched psycopg connection makes its cursors with a cursor class of the
-watchdog's (psycopg's ``Connection.cursor_factory``), whose ``execute`` and
+watchdog's (psycopg's ``Connection.cursor_factory``; one class per cursor
+class it extends, see :mod:`sa_jobqueue.inflight`), whose ``execute`` and
 ``executemany`` record when a statement started and clear that when it
 returns or raises, in the thread that executes. The backend pid and socket
 are read once, by the thread that owns the connection. The watchdog's
-thread only reads these records, under a lock; it never calls into libpq on
-a connection it does not own. No SQLAlchemy event is registered per
+thread only reads these records, under each connection's lock; it never
+calls into libpq on a connection it does not own. No SQLAlchemy event is registered per
 statement: a ``before_cursor_execute`` listener would put every statement of
 the engine (the application's included) on SQLAlchemy's slower path with
 events, for a cost a drain of short jobs measures.
@@ -64,7 +65,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from .connections import own_session
-from .inflight import NOT_WATCHED, ConnectionWatch, StatementRecord
+from .inflight import NOT_WATCHABLE, NOT_WATCHED, ConnectionWatch, StatementRecord, watch_cursors
 from .sockets import shutdown_socket, socket_deadline
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -208,11 +209,9 @@ class Watchdog:
         def own(connection: Any) -> ConnectionWatch:
             dbapi_connection = connection.connection.dbapi_connection
             backend = self._watch(dbapi_connection, connection.info, permanent=False)
-            previous = getattr(dbapi_connection, "cursor_factory", None)
-            cursors = backend.cursors(previous) if backend is not None else None
-            if backend is None or cursors is None:
+            previous = watch_cursors(dbapi_connection, backend) if backend is not None else NOT_WATCHABLE
+            if previous is NOT_WATCHABLE:
                 return NOT_WATCHED
-            dbapi_connection.cursor_factory = cursors
             return ConnectionWatch(backend, dbapi_connection, previous)
 
         return own
@@ -236,14 +235,13 @@ class Watchdog:
                 info[self._key] = _UNWATCHED
                 return None
             backend = StatementRecord(
-                pid=dbapi_connection.info.backend_pid, fd=dbapi_connection.fileno(), lock=self._lock
+                pid=dbapi_connection.info.backend_pid, fd=dbapi_connection.fileno()
             )
             info[self._key] = backend
             with self._lock:
                 self._backends.add(backend)
-            cursors = backend.cursors(dbapi_connection.cursor_factory) if permanent else None
-            if cursors is not None:
-                dbapi_connection.cursor_factory = cursors
+            if permanent:
+                watch_cursors(dbapi_connection, backend)
         return backend if isinstance(backend, StatementRecord) else None
 
     # -- in the watchdog's thread -----------------------------------------------
@@ -262,17 +260,20 @@ class Watchdog:
         """Statements in flight for ``after`` seconds: (backend, which statement, since)."""
         now = time.monotonic()
         with self._lock:
-            return [
-                (backend, backend.statement, backend.since)
-                for backend in self._backends
-                if backend.since is not None and now - backend.since >= self._after
-            ]
+            backends = list(self._backends)
+        suspects = []
+        for backend in backends:
+            with backend.lock:
+                since, statement = backend.since, backend.statement
+            if since is not None and now - since >= self._after:
+                suspects.append((backend, statement, since))
+        return suspects
 
     def _check(self, suspects: list[tuple[StatementRecord, int, float]]) -> None:
         states = self._backend_states(sorted({backend.pid for backend, _, _ in suspects}))
         for backend, statement, since in suspects:
             state, age = states.get(backend.pid, ("unknown", 0.0))
-            with self._lock:
+            with backend.lock:
                 if backend.statement != statement or backend.since is None:
                     continue  # it ended meanwhile
                 if state in ("unknown", "active") or age < self._after:
@@ -288,7 +289,7 @@ class Watchdog:
                 "terminating it", backend.pid, time.monotonic() - since, state,
             )
             self._terminate(backend.pid)
-            with self._lock:
+            with backend.lock:
                 # Only while the same statement is in flight: its owner is
                 # still inside the call, so the socket is still this connection's.
                 if backend.statement == statement and backend.since is not None:
