@@ -27,8 +27,8 @@ __all__ = [
 class StatementRecord:
     """What a watchdog knows of one watched connection. ``pid`` and ``fd``
     are read once, by the thread that owns the connection; the rest changes
-    under ``lock``: the thread that executes marks a statement started and
-    ended, the watchdog's thread reads and judges. One lock per connection,
+    as the thread that executes marks a statement started and ended (the end
+    under ``lock``), while the watchdog's thread reads and judges under it. One lock per connection,
     not one per watchdog: the jobs' threads mark every statement, and a lock
     they all shared would make them wait on each other."""
 
@@ -40,12 +40,21 @@ class StatementRecord:
     idle_checks: int = 0  # checks in a row that found the backend idle during this statement
 
     def started(self) -> None:
-        with self.lock:
-            self.since = time.monotonic()
-            self.statement += 1
-            self.idle_checks = 0
+        # Without the lock: it runs for every statement, and the only thread
+        # that writes these fields is the one that owns the connection. A
+        # watchdog that judged the previous statement and acts as this one
+        # starts finds its socket still this connection's (it is in use), and
+        # its backend was terminated anyway. Statement first: a check that
+        # pairs a new start with the old count gives up on it (it compares
+        # the count again under the lock).
+        self.statement += 1
+        self.idle_checks = 0
+        self.since = time.monotonic()
 
     def ended(self) -> None:
+        # Under the lock: once this returns the watchdog cannot shut the
+        # socket down, so the owner may close the connection (and the
+        # descriptor be reused) safely.
         with self.lock:
             self.since = None
 
