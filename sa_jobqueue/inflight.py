@@ -113,6 +113,20 @@ def unwatch_cursors(dbapi_connection: Any, previous: Any) -> None:
     setattr(dbapi_connection, _RECORD, None)
 
 
+def _in_flight(cursor: Any, send: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``send`` (a cursor's own execute) in flight for the record of the
+    cursor's connection; as it is when the connection is no longer watched
+    (a cursor made while it was, used after)."""
+    record: StatementRecord | None = getattr(cursor.connection, _RECORD, None)
+    if record is None:
+        return send(*args, **kwargs)
+    record.started()
+    try:
+        return send(*args, **kwargs)
+    finally:
+        record.ended()
+
+
 #: What :func:`watch_cursors` returns for a connection it cannot watch.
 NOT_WATCHABLE = object()
 
@@ -122,24 +136,10 @@ def _watched_subclass(base: type[psycopg.Cursor[Any]]) -> type[psycopg.Cursor[An
         __slots__ = ()
 
         def execute(self, *args: Any, **kwargs: Any) -> Any:
-            record: StatementRecord | None = getattr(self.connection, _RECORD, None)
-            if record is None:
-                return super().execute(*args, **kwargs)
-            record.started()
-            try:
-                return super().execute(*args, **kwargs)
-            finally:
-                record.ended()
+            return _in_flight(self, super().execute, args, kwargs)
 
         def executemany(self, *args: Any, **kwargs: Any) -> Any:
-            record: StatementRecord | None = getattr(self.connection, _RECORD, None)
-            if record is None:
-                return super().executemany(*args, **kwargs)
-            record.started()
-            try:
-                return super().executemany(*args, **kwargs)
-            finally:
-                record.ended()
+            return _in_flight(self, super().executemany, args, kwargs)
 
     return WatchedCursor
 
