@@ -54,7 +54,7 @@ from common import (  # noqa: E402
 )
 from psycopg.types.json import Jsonb  # noqa: E402
 
-WORKLOADS = ("enqueue", "bulk", "textbook", "batch", "drain-a", "drain-b", "drain-c", "latency", "rss")
+WORKLOADS = ("enqueue", "enqueue-async", "bulk", "textbook", "batch", "drain-a", "drain-b", "drain-c", "latency", "rss")
 GROUPS = {"drain": ("textbook", "batch", "drain-a", "drain-b", "drain-c")}
 PATHS = {
     "a": "lease + batched completion (handler without session)",
@@ -176,6 +176,19 @@ class Bench:
                 raw(n)
             self.values["enqueue-raw"].append(count / (time.perf_counter() - started))
             self._expect_rows(libpq(url), warm + count)
+
+    def enqueue_async(self) -> None:
+        """The enqueue loop above on an AsyncSession, per async driver (cores with sa_jobqueue.aio)."""
+        import aio
+
+        if not aio.has_aio():
+            return
+        count, warm = self.args.enqueue_jobs, 100
+        for driver in aio.DRIVERS:
+            with self.dbs.fresh() as url:
+                rate = aio.enqueue_async(url, driver, count=count, warm=warm, task=TASK, queue=QUEUE)
+                self._expect_rows(libpq(url), warm + count)
+            self.values[f"enqueue-async-{driver}"].append(rate)
 
     def bulk(self) -> None:
         from sqlalchemy import create_engine
@@ -353,6 +366,8 @@ def run(args: argparse.Namespace) -> int:
                 log(f"run {number}/{args.runs}")
                 if bench.wanted("enqueue"):
                     bench.timed("enqueue", bench.enqueue)
+                if bench.wanted("enqueue-async"):
+                    bench.timed("enqueue-async", bench.enqueue_async)
                 if bench.wanted("bulk"):
                     bench.timed("bulk", bench.bulk)
                 for concurrency in args.concurrency:
@@ -372,6 +387,12 @@ def run(args: argparse.Namespace) -> int:
             dbs.close()
     elapsed = time.monotonic() - started
     print(report(args, bench, version, origin, sa_jobqueue.__file__, elapsed))
+    if args.json:
+        # Every run's figure, not only the medians: benchmarks/compare.py pairs them.
+        Path(args.json).write_text(json.dumps({
+            "core": core_version(), "server": version, "origin": origin, "runs": args.runs,
+            "values": bench.values, "extra": bench.extra,
+        }, indent=1))
     return 0
 
 
@@ -443,6 +464,12 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
     row("enqueue, one job per transaction (Session + enqueue)", "1", m.get("enqueue"), "jobs/s", tb1, bt1,
         f"{rx(ratio(m.get('enqueue'), m.get('enqueue-raw')))} raw INSERT loop")
     row("raw psycopg INSERT loop, one commit per job", "1", m.get("enqueue-raw"), "jobs/s", tb1, bt1, "1.00x")
+    if bench.wanted("enqueue-async"):
+        for driver in ("psycopg", "asyncpg"):
+            rate = m.get(f"enqueue-async-{driver}")
+            row(f"enqueue, one job per transaction (AsyncSession on {driver} + enqueue)", "1", rate, "jobs/s", tb1,
+                bt1, f"{rx(ratio(rate, m.get('enqueue-raw')))} raw INSERT loop, "
+                f"{rx(ratio(rate, m.get('enqueue')))} the Session's", missing=NA)
     row(f"bulk enqueue (enqueue_many, chunks of {args.chunk:,})", "1", m.get("bulk"), "jobs/s", tb1, bt1,
         f"{rx(ratio(m.get('bulk'), m.get('bulk-copy')))} raw COPY")
     row(f"raw COPY (chunks of {args.chunk:,})", "1", m.get("bulk-copy"), "jobs/s", tb1, bt1, "1.00x")
@@ -532,6 +559,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=None, help="seconds allowed per drain (600, quick 120)")
     parser.add_argument("--core", metavar="REV", help="benchmark sa_jobqueue (and its migrations) as committed "
                         "at git revision REV, from a snapshot, instead of the working tree")
+    parser.add_argument("--json", metavar="PATH", help="also write every run's figures to PATH as JSON "
+                        "(what benchmarks/compare.py reads)")
     parser.add_argument("--profile", metavar="DIR", help="record every sa_jobqueue worker with py-spy (raw "
                         "collapsed stacks in DIR); slows the workers, so not for the figures")
     args = parser.parse_args(argv)
