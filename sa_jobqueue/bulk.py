@@ -15,7 +15,8 @@ snapshots built here equal what ``RETURNING`` would have returned.
 Used by :meth:`JobRepository.enqueue_many` for rows without a dedupe key
 (COPY has no ``ON CONFLICT``), on job tables without columns of the user's
 own (whose defaults the client cannot know) and whose job columns keep the
-mixin's defaults, when the session's driver is psycopg 3. Anything else
+mixin's defaults, when the session's driver is psycopg 3 (sync or async) or
+asyncpg (:mod:`sa_jobqueue.copying`). Anything else
 takes the INSERT path. The COPY runs on the session's own connection and
 transaction: it commits or rolls back with the caller's writes.
 SQLAlchemy's ``before_cursor_execute`` events do not see it.
@@ -32,12 +33,11 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
-from psycopg import sql
 from sqlalchemy import ColumnElement, Table, TextClause, bindparam, text
 from sqlalchemy.orm import Session
 from sqlalchemy.types import String
 
+from .copying import copy_records
 from .states import COLUMN_DEFAULTS, NOW_DEFAULTS, server_default
 
 # The columns COPY writes; the others take their defaults.
@@ -128,17 +128,6 @@ def stored_defaults(table: Table) -> dict[str, Any] | None:
     return defaults
 
 
-def driver_connection(session: Session) -> psycopg.Connection[Any] | None:
-    """The session's psycopg 3 connection (opening its transaction), or None
-    when COPY cannot stand in for the INSERT: another driver, or a
-    ``schema_translate_map`` that the COPY's table name would ignore."""
-    connection = session.connection()
-    if connection.get_execution_options().get("schema_translate_map"):
-        return None
-    raw = connection.connection.driver_connection
-    return raw if isinstance(raw, psycopg.Connection) else None
-
-
 def sequence_of(session: Session, table: Table) -> str:
     """The identity sequence behind ``table.id``, schema-qualified and quoted."""
     name = session.connection().dialect.identifier_preparer.format_table(table)
@@ -149,11 +138,12 @@ def sequence_of(session: Session, table: Table) -> str:
 
 
 def copy_rows(
-    session: Session, conn: psycopg.Connection[Any], table: Table, sequence: str, rows: Sequence[dict[str, Any]],
+    session: Session, conn: Any, table: Table, sequence: str, rows: Sequence[dict[str, Any]],
     defaults: dict[str, Any],
 ) -> list[dict[str, Any]]:
     """COPY checked rows (from :func:`~sa_jobqueue.spec.to_row`) into ``table``,
-    whose :func:`stored_defaults` are ``defaults``.
+    whose :func:`stored_defaults` are ``defaults``, on ``conn``
+    (:func:`~sa_jobqueue.copying.copy_connection` of ``session``).
 
     Return, per row in input order, every column's value as stored.
     """
@@ -162,19 +152,17 @@ def copy_rows(
     ids: list[int] = sorted(reserved.ids)
     left_out = {key: now if value is NOW else value for key, value in defaults.items()}
     stored: list[dict[str, Any]] = []
-    name = sql.Identifier(table.schema, table.name) if table.schema else sql.Identifier(table.name)
-    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(name, sql.SQL(", ").join(map(sql.Identifier, _COPIED)))
-    with conn.cursor() as cursor, cursor.copy(statement) as copy:
-        for job_id, row in zip(ids, rows, strict=True):
-            encoded = json.dumps(row["payload"], separators=(",", ":"))
-            delay: timedelta | None = row["delay"]
-            run_at = row["run_at"] or (now + delay if delay else now)
-            copy.write_row((job_id, row["task"], row["queue"], encoded, row["priority"], run_at,
-                            row["max_attempts"]))
-            stored.append({
-                **left_out, "id": job_id, "task": row["task"], "queue": row["queue"],
-                # As read back from jsonb: tuples become lists, keys strings.
-                "payload": json.loads(encoded), "priority": row["priority"], "run_at": run_at,
-                "max_attempts": row["max_attempts"],
-            })
+    records: list[tuple[Any, ...]] = []
+    for job_id, row in zip(ids, rows, strict=True):
+        encoded = json.dumps(row["payload"], separators=(",", ":"))
+        delay: timedelta | None = row["delay"]
+        run_at = row["run_at"] or (now + delay if delay else now)
+        records.append((job_id, row["task"], row["queue"], encoded, row["priority"], run_at, row["max_attempts"]))
+        stored.append({
+            **left_out, "id": job_id, "task": row["task"], "queue": row["queue"],
+            # As read back from jsonb: tuples become lists, keys strings.
+            "payload": json.loads(encoded), "priority": row["priority"], "run_at": run_at,
+            "max_attempts": row["max_attempts"],
+        })
+    copy_records(conn, table, _COPIED, records)
     return stored

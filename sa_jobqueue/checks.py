@@ -202,8 +202,11 @@ def check_aware(parameter: str, value: datetime | None) -> datetime | None:
 def check_session(value: object) -> Any:
     """A verb's ``session``: an ORM Session (or a scoped_session proxying one)."""
     if not isinstance(value, (Session, scoped_session)):
+        # By name: the core never imports SQLAlchemy's asyncio extension.
+        hint = " (an AsyncSession takes sa_jobqueue.aio.AsyncJobRepository)" if type(value).__name__ in (
+            "AsyncSession", "async_scoped_session") else ""
         raise InvalidArgumentError(
-            "session", f"must be a sqlalchemy.orm.Session, got {type(value).__name__}"
+            "session", f"must be a sqlalchemy.orm.Session, got {type(value).__name__}{hint}"
         )
     return value
 

@@ -31,6 +31,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from . import bulk, statements
+from .copying import copy_connection
 from .mixin import JobMixin
 from .snapshot import Snapshots
 
@@ -167,7 +168,7 @@ class Enqueuer(Generic[M]):
         """COPY plain rows when COPY can stand in for the INSERT (see :mod:`sa_jobqueue.bulk`)."""
         if len(rows) < bulk.COPY_THRESHOLD or self._defaults is None:
             return None
-        conn = bulk.driver_connection(session)
+        conn = copy_connection(session)
         if conn is None:
             return None
         if self._sequence is None:

@@ -87,6 +87,8 @@ def test_api_page_documents_the_public_face(site: Path) -> None:
         "sa_jobqueue.logs.JobLogFilter",
         "sa_jobqueue.prometheus.JobMetrics",
         "sa_jobqueue.contrib.flask.JobQueue",
+        "sa_jobqueue.aio.AsyncJobRepository",
+        "sa_jobqueue.aio.AsyncJobRepository.enqueue",
         "sa_jobqueue.migrations.set_queue_storage",
     ):
         assert name in ids, name

@@ -48,7 +48,7 @@ def test_import_opens_no_connection_and_reads_no_environment() -> None:
         "    def __getitem__(self, k): check(); return super().__getitem__(k)\n"
         "    def get(self, k, d=None): check(); return super().get(k, d)\n"
         "os.environ.__class__ = Env\n"
-        "import sa_jobqueue, sa_jobqueue.default, sa_jobqueue.testing, sa_jobqueue.worker\n"
+        "import sa_jobqueue, sa_jobqueue.default, sa_jobqueue.testing, sa_jobqueue.worker, sa_jobqueue.aio\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -60,3 +60,20 @@ def test_psycopg_url() -> None:
     assert sa_jobqueue.psycopg_url("postgresql://u@h:5432/d").drivername == "postgresql+psycopg"
     assert sa_jobqueue.psycopg_url("postgres://u@h/d").drivername == "postgresql+psycopg"
     assert sa_jobqueue.psycopg_url("postgresql+psycopg2://u@h/d").drivername == "postgresql+psycopg2"
+
+
+def test_the_sync_api_never_imports_sqlalchemys_asyncio_support() -> None:
+    """``import sa_jobqueue`` works without greenlet (the ``asyncio`` extra):
+    only ``sa_jobqueue.aio`` imports SQLAlchemy's asyncio extension."""
+    code = (
+        "import sys\n"
+        "import sa_jobqueue, sa_jobqueue.default, sa_jobqueue.testing, sa_jobqueue.cli, sa_jobqueue.worker\n"
+        "assert 'sqlalchemy.ext.asyncio' not in sys.modules, 'imported by the sync API'\n"
+        "assert 'greenlet' not in sys.modules, 'imported by the sync API'\n"
+        "import sa_jobqueue.aio\n"
+        "assert 'sqlalchemy.ext.asyncio' in sys.modules\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -1,0 +1,11 @@
+"""sa_jobqueue under asyncio: the queue verbs on an ``AsyncSession``.
+
+Needs SQLAlchemy's asyncio support (the ``asyncio`` extra:
+``pip install 'sa_jobqueue[asyncio]'``, which brings greenlet; add
+``asyncpg`` for that driver). The sync API (:mod:`sa_jobqueue`) does not
+import this package.
+"""
+
+from .repository import AsyncJobRepository
+
+__all__ = ["AsyncJobRepository"]
