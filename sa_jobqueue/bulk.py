@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -152,17 +152,20 @@ def copy_rows(
     ids: list[int] = sorted(reserved.ids)
     left_out = {key: now if value is NOW else value for key, value in defaults.items()}
     stored: list[dict[str, Any]] = []
-    records: list[tuple[Any, ...]] = []
-    for job_id, row in zip(ids, rows, strict=True):
-        encoded = json.dumps(row["payload"], separators=(",", ":"))
-        delay: timedelta | None = row["delay"]
-        run_at = row["run_at"] or (now + delay if delay else now)
-        records.append((job_id, row["task"], row["queue"], encoded, row["priority"], run_at, row["max_attempts"]))
-        stored.append({
-            **left_out, "id": job_id, "task": row["task"], "queue": row["queue"],
-            # As read back from jsonb: tuples become lists, keys strings.
-            "payload": json.loads(encoded), "priority": row["priority"], "run_at": run_at,
-            "max_attempts": row["max_attempts"],
-        })
-    copy_records(conn, table, _COPIED, records)
+
+    def records() -> Iterator[tuple[Any, ...]]:
+        # One pass, as the driver writes: each row's stored values are known as it goes out.
+        for job_id, row in zip(ids, rows, strict=True):
+            encoded = json.dumps(row["payload"], separators=(",", ":"))
+            delay: timedelta | None = row["delay"]
+            run_at = row["run_at"] or (now + delay if delay else now)
+            stored.append({
+                **left_out, "id": job_id, "task": row["task"], "queue": row["queue"],
+                # As read back from jsonb: tuples become lists, keys strings.
+                "payload": json.loads(encoded), "priority": row["priority"], "run_at": run_at,
+                "max_attempts": row["max_attempts"],
+            })
+            yield job_id, row["task"], row["queue"], encoded, row["priority"], run_at, row["max_attempts"]
+
+    copy_records(conn, table, _COPIED, records())
     return stored

@@ -11,7 +11,7 @@ SQLAlchemy's asyncio extension or asyncpg unless a session runs on them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
@@ -33,10 +33,11 @@ def copy_connection(session: Session) -> Any | None:
     return None
 
 
-def copy_records(conn: Any, table: Table, columns: Sequence[str], records: Sequence[tuple[Any, ...]]) -> None:
+def copy_records(conn: Any, table: Table, columns: Sequence[str], records: Iterable[tuple[Any, ...]]) -> None:
     """Write ``records`` (one value per column of ``columns``, in order; a
     ``jsonb`` value as its JSON text) into ``table`` with one COPY, on
-    ``conn``, a connection :func:`copy_connection` returned."""
+    ``conn``, a connection :func:`copy_connection` returned. ``records`` is
+    iterated once, as the rows are sent."""
     if isinstance(conn, psycopg.Connection):
         with conn.cursor() as cursor, cursor.copy(_statement(table, columns)) as copy:
             for record in records:
@@ -54,7 +55,7 @@ def _statement(table: Table, columns: Sequence[str]) -> sql.Composed:
 
 
 async def _copy_psycopg_async(
-    conn: psycopg.AsyncConnection[Any], statement: sql.Composed, records: Sequence[tuple[Any, ...]]
+    conn: psycopg.AsyncConnection[Any], statement: sql.Composed, records: Iterable[tuple[Any, ...]]
 ) -> None:
     async with conn.cursor() as cursor, cursor.copy(statement) as copy:
         for record in records:
