@@ -1,0 +1,1 @@
+"""A FastAPI app that enqueues on the request's AsyncSession (docs/fastapi.md)."""
