@@ -301,3 +301,41 @@ async def test_the_pages_example_enqueues_in_the_callers_transaction(
         stored = session.get(Job, job_id)
         assert stored is not None and (stored.task, stored.queue, stored.payload) == (
             "send_welcome", "signup", {"email": "ada@example.com"})
+
+
+# -- typing: a user's mypy run sees the awaitables ------------------------------------------
+
+TYPED_USE = '''
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from sa_jobqueue.aio import AsyncJobRepository
+from sa_jobqueue.default import Job
+
+jobs = AsyncJobRepository(Job)
+
+
+async def fine(session: AsyncSession) -> None:
+    job: Job = await jobs.enqueue(session, "noop", {"n": 1}, queue="q")
+    claimed: list[Job] = await jobs.claim(session, queues=["q"], limit=5)
+    owned: set[int] = await jobs.heartbeat(session, claimed)
+    status: str = await jobs.fail(session, job, "boom")
+    print(job, owned, status)
+
+
+async def wrong(session: AsyncSession) -> None:
+    forgot: Job = jobs.enqueue(session, "noop")  # line 19: a coroutine, not a Job
+    count: int = await jobs.claim(session)  # line 20: a list of jobs
+    await jobs.enqueue(session, "noop", priority="high")  # line 21: priority is an int
+'''
+
+
+def test_mypy_sees_the_awaitables_and_the_models_type(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    source = tmp_path / "use.py"
+    source.write_text(TYPED_USE)
+    out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(source)],
+                         capture_output=True, text=True, timeout=300)
+    errors = sorted({int(line.split(":")[1]) for line in out.stdout.splitlines() if ": error:" in line})
+    assert errors == [19, 20, 21], out.stdout

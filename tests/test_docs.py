@@ -83,12 +83,14 @@ def test_api_page_documents_the_public_face(site: Path) -> None:
         "sa_jobqueue.JobRepository.enqueue",
         "sa_jobqueue.Worker",
         "sa_jobqueue.testing.run_jobs",
+        "sa_jobqueue.testing.run_enqueued",
         "sa_jobqueue.signals",
         "sa_jobqueue.logs.JobLogFilter",
         "sa_jobqueue.prometheus.JobMetrics",
         "sa_jobqueue.contrib.flask.JobQueue",
         "sa_jobqueue.aio.AsyncJobRepository",
         "sa_jobqueue.aio.AsyncJobRepository.enqueue",
+        "sa_jobqueue.aio.testing.run_enqueued",
         "sa_jobqueue.migrations.set_queue_storage",
     ):
         assert name in ids, name

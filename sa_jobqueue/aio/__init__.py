@@ -1,4 +1,5 @@
-"""sa_jobqueue under asyncio: the queue verbs on an ``AsyncSession``.
+"""sa_jobqueue under asyncio: the queue verbs on an ``AsyncSession``
+(:class:`AsyncJobRepository`); helpers for tests in :mod:`sa_jobqueue.aio.testing`.
 
 Needs SQLAlchemy's asyncio support (the ``asyncio`` extra:
 ``pip install 'sa_jobqueue[asyncio]'``, which brings greenlet; add
