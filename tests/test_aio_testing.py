@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from jobapp import Ledger, TaskJob, User, tasks
 from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from test_docs import DOCS, python_blocks, section
 
 from sa_jobqueue import InvalidArgumentError, JobRepository
@@ -31,64 +32,62 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture
+async def async_engine(db_url: URL, engine: Engine) -> AsyncIterator[AsyncEngine]:
+    """psycopg's async driver on the shared test schema (``engine``: its tables are emptied after)."""
+    made = create_async_engine(db_url)
+    try:
+        yield made
+    finally:
+        await made.dispose()
+
+
 def _committed(engine: Engine) -> tuple[int, int, int]:
     with engine.connect() as conn:
         return tuple(int(conn.scalar(select(func.count()).select_from(m)) or 0)  # type: ignore[return-value]
                      for m in (TaskJob, Ledger, User))
 
 
-async def test_enqueue_run_and_roll_back(db_url: URL, engine: Engine) -> None:
-    async_engine = create_async_engine(db_url)
-    try:
-        async with transactional_session(async_engine) as session:
-            async with session.begin():  # the application's code commits: a SAVEPOINT only
-                session.add(User(id=7, name="ada"))
-                await jobs.enqueue(session, "ledger", {"note": "from the test"})
-            (job,) = await enqueued(session, jobs)
-            assert job.task == "ledger" and job.status == "pending"
-            assert _committed(engine) == (0, 0, 0)
-            result = await run_enqueued(session, jobs, tasks)
-            assert result.tasks == ["ledger"] and [j.id for j in result.completed] == [job.id]
-            assert await session.scalar(select(func.count()).select_from(Ledger)) == 1
-            assert await enqueued(session, jobs) == []
+async def test_enqueue_run_and_roll_back(async_engine: AsyncEngine, engine: Engine) -> None:
+    async with transactional_session(async_engine) as session:
+        async with session.begin():  # the application's code commits: a SAVEPOINT only
+            session.add(User(id=7, name="ada"))
+            await jobs.enqueue(session, "ledger", {"note": "from the test"})
+        (job,) = await enqueued(session, jobs)
+        assert job.task == "ledger" and job.status == "pending"
         assert _committed(engine) == (0, 0, 0)
-    finally:
-        await async_engine.dispose()
+        result = await run_enqueued(session, jobs, tasks)
+        assert result.tasks == ["ledger"] and [j.id for j in result.completed] == [job.id]
+        assert await session.scalar(select(func.count()).select_from(Ledger)) == 1
+        assert await enqueued(session, jobs) == []
+    assert _committed(engine) == (0, 0, 0)
 
 
-async def test_a_failing_handler_raises_and_its_writes_roll_back(db_url: URL) -> None:
-    async_engine = create_async_engine(db_url)
-    try:
-        async with transactional_session(async_engine) as session:
-            await jobs.enqueue(session, "always_fails")
-            with pytest.raises(ValueError, match="always fails"):
-                await run_enqueued(session, [jobs], tasks)
-            (job,) = await enqueued(session, jobs)
-            assert job.attempts == 1 and job.last_error is not None and "always fails" in job.last_error
-            assert await session.scalar(select(func.count()).select_from(Ledger)) == 0  # rolled back
-    finally:
-        await async_engine.dispose()
+async def test_a_failing_handler_raises_and_its_writes_roll_back(async_engine: AsyncEngine) -> None:
+    async with transactional_session(async_engine) as session:
+        await jobs.enqueue(session, "always_fails")
+        with pytest.raises(ValueError, match="always fails"):
+            await run_enqueued(session, [jobs], tasks)
+        (job,) = await enqueued(session, jobs)
+        assert job.attempts == 1 and job.last_error is not None and "always fails" in job.last_error
+        assert await session.scalar(select(func.count()).select_from(Ledger)) == 0  # rolled back
 
 
-async def test_bad_arguments_name_the_parameter(db_url: URL) -> None:
-    async_engine = create_async_engine(db_url)
-    try:
-        async with transactional_session(async_engine) as session:
-            with pytest.raises(InvalidArgumentError) as raised:
-                await enqueued(session, JobRepository(TaskJob))  # type: ignore[arg-type]
-            assert raised.value.parameter == "repository"
-            with pytest.raises(InvalidArgumentError) as raised:
-                await run_enqueued(session, "jobs", tasks)  # type: ignore[arg-type]
-            assert raised.value.parameter == "repositories"
-            with pytest.raises(InvalidArgumentError) as raised:
-                await enqueued(session, jobs, status="nope")
-            assert raised.value.parameter == "status"
+async def test_bad_arguments_name_the_parameter(async_engine: AsyncEngine) -> None:
+    async with transactional_session(async_engine) as session:
         with pytest.raises(InvalidArgumentError) as raised:
-            async with transactional_session(object()):  # type: ignore[arg-type]
-                pass
-        assert raised.value.parameter == "bind"
-    finally:
-        await async_engine.dispose()
+            await enqueued(session, JobRepository(TaskJob))  # type: ignore[arg-type]
+        assert raised.value.parameter == "repository"
+        with pytest.raises(InvalidArgumentError) as raised:
+            await run_enqueued(session, "jobs", tasks)  # type: ignore[arg-type]
+        assert raised.value.parameter == "repositories"
+        with pytest.raises(InvalidArgumentError) as raised:
+            await enqueued(session, jobs, status="nope")
+        assert raised.value.parameter == "status"
+    with pytest.raises(InvalidArgumentError) as raised:
+        async with transactional_session(object()):  # type: ignore[arg-type]
+            pass
+    assert raised.value.parameter == "bind"
 
 
 def test_the_pages_conftest_and_test_pass_as_a_pytest_run_of_their_own(

@@ -104,17 +104,22 @@ def test_design_page_links_the_guarantees(site: Path) -> None:
 # -- docs/flask.md: the files shown are examples/flask_app/'s ------------------
 
 
-def test_flask_page_shows_the_example_files_verbatim() -> None:
-    """Each python block of docs/flask.md starts with ``# <path>`` and is, below that line, the file
-    ``examples/flask_app/<path>``: the layout the page shows is the one tests/test_examples.py runs."""
+def files_shown(page: str, root: Path) -> list[str]:
+    """The files ``docs/<page>`` shows, in order, each checked to be the file under ``root``: each
+    python block starts with ``# <path>`` and is, below that line, ``root/<path>`` verbatim."""
     shown: list[str] = []
-    for block in python_blocks((DOCS / "flask.md").read_text(encoding="utf-8")):
+    for block in python_blocks((DOCS / page).read_text(encoding="utf-8")):
         first, _, body = block.partition("\n")
-        assert first.startswith("# "), f"a python block of docs/flask.md does not name its file: {first!r}"
+        assert first.startswith("# "), f"a python block of docs/{page} does not name its file: {first!r}"
         path = first[2:].strip()
-        assert body == (FLASK_EXAMPLE / path).read_text(encoding="utf-8"), f"docs/flask.md's {path} differs"
+        assert body == (root / path).read_text(encoding="utf-8"), f"docs/{page}'s {path} differs"
         shown.append(path)
-    assert shown == ["app/__init__.py", "app/views.py", "app/jobs.py", "worker.py"]
+    return shown
+
+
+def test_flask_page_shows_the_example_files_verbatim() -> None:
+    """The layout docs/flask.md shows is the one tests/test_examples.py runs."""
+    assert files_shown("flask.md", FLASK_EXAMPLE) == ["app/__init__.py", "app/views.py", "app/jobs.py", "worker.py"]
 
 
 # -- docs/alembic.md "From Python" --------------------------------------------

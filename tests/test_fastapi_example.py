@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import URL
-from test_docs import DOCS, python_blocks
+from test_docs import files_shown
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,13 +104,5 @@ def test_a_signup_commits_its_job_and_the_worker_runs_it_once(server: tuple[str,
 
 
 def test_the_page_shows_the_example_files_verbatim() -> None:
-    """Each python block of docs/fastapi.md starts with ``# <path>`` and is, below that line, the file
-    ``examples/fastapi_app/<path>``: what the page shows is what the test above runs."""
-    shown = []
-    for block in python_blocks((DOCS / "fastapi.md").read_text(encoding="utf-8")):
-        first, _, body = block.partition("\n")
-        assert first.startswith("# "), f"a python block of docs/fastapi.md does not name its file: {first!r}"
-        path = first[2:].strip()
-        assert body == (APP / path).read_text(encoding="utf-8"), f"docs/fastapi.md's {path} differs"
-        shown.append(path)
-    assert shown == ["app/models.py", "app/db.py", "app/jobs.py", "app/main.py", "worker.py"]
+    """What docs/fastapi.md shows is what the test above runs."""
+    assert files_shown("fastapi.md", APP) == ["app/models.py", "app/db.py", "app/jobs.py", "app/main.py", "worker.py"]

@@ -51,9 +51,7 @@ def test_import_opens_no_connection_and_reads_no_environment() -> None:
         "import sa_jobqueue, sa_jobqueue.default, sa_jobqueue.testing, sa_jobqueue.worker, sa_jobqueue.aio\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    _prints_ok(code)
 
 
 def test_psycopg_url() -> None:
@@ -74,6 +72,11 @@ def test_the_sync_api_never_imports_sqlalchemys_asyncio_support() -> None:
         "assert 'sqlalchemy.ext.asyncio' in sys.modules\n"
         "print('ok')\n"
     )
+    _prints_ok(code)
+
+
+def _prints_ok(code: str) -> None:
+    """Run ``code`` in a fresh interpreter: it must exit 0 having printed ``ok``."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
