@@ -106,3 +106,32 @@ def test_a_second_sigterm_stops_at_once(
 
 def _log(tmp_path: Path) -> str:
     return "".join(p.read_text() for p in tmp_path.glob("proc-*.log"))
+
+
+# A signal that lands while the main thread holds the lock of the worker's
+# wake-up event (inside its wait(), clear() or set()): a handler that sets
+# the event there would wait on that lock forever. Provoked deterministically
+# by raising the signal inside ``with wake._cond``.
+_SIGNAL_UNDER_THE_LOCK = """
+import os, signal, sys, threading
+from sa_jobqueue.worker.shutdown import Shutdown
+
+stopping, wake = threading.Event(), threading.Event()
+shutdown = Shutdown("w", stopping, wake)
+restore = shutdown.install()
+with wake._cond:  # what Event.wait() holds between its checks
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(1000):  # bytecodes for the handler to run at, the lock still held
+        pass
+print("stopping" if stopping.wait(30) else "not stopping", flush=True)
+restore()
+print("restored" if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else "not restored", flush=True)
+"""
+
+
+def test_a_signal_while_the_loop_holds_its_wake_up_lock_still_stops_the_worker() -> None:
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _SIGNAL_UNDER_THE_LOCK], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["stopping", "restored"], proc.stdout + proc.stderr

@@ -14,6 +14,7 @@ in another thread is stopped with :meth:`Worker.stop` instead.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -39,25 +40,60 @@ class Shutdown:
         self.wake.set()
 
     def install(self) -> Callable[[], None]:
-        """Route SIGINT and SIGTERM to :meth:`request`; return the undo."""
+        """Route SIGINT and SIGTERM to :meth:`request`; return the undo.
+
+        The Python-level handlers do nothing: a handler runs in the main
+        thread between two bytecodes, possibly while that thread holds the
+        lock of the very event it would set (the loop waits on ``wake``), and
+        would then wait on that lock forever. Instead the interpreter's C
+        handler writes the signal's number to a pipe (``signal.set_wakeup_fd``),
+        and a thread of its own reads it and makes the request, taking locks
+        as any thread may.
+        """
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-        def on_signal(signum: int, frame: Any) -> None:
-            name = signal.Signals(signum).name
-            if self.stopping.is_set():
-                log.warning("worker %s: %s received again, stopping at once", self.name, name)
-            else:
-                log.info("worker %s: %s received, stopping: claimed jobs not started are handed back, "
-                         "running jobs finish (a second signal stops at once)", self.name, name)
-            self.request()
-
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)  # set_wakeup_fd requires it: a signal must never block
+        previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
         for sig in previous:
-            signal.signal(sig, on_signal)
+            signal.signal(sig, _noted)
+        reader = threading.Thread(target=self._read, args=(read_fd,), name="sa_jobqueue-signals", daemon=True)
+        reader.start()
 
         def restore() -> None:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            signal.set_wakeup_fd(previous_fd)
+            os.close(write_fd)  # the reader sees the end of the pipe, closes its end and returns
+            reader.join(5)
 
         return restore
+
+    def _read(self, read_fd: int) -> None:
+        """The signals thread: a request per SIGINT or SIGTERM the pipe reports."""
+        try:
+            while True:
+                numbers = os.read(read_fd, 64)
+                if not numbers:
+                    return
+                for number in numbers:
+                    if number in _SIGNALS:
+                        self._received(signal.Signals(number).name)
+        finally:
+            os.close(read_fd)
+
+    def _received(self, name: str) -> None:
+        if self.stopping.is_set():
+            log.warning("worker %s: %s received again, stopping at once", self.name, name)
+        else:
+            log.info("worker %s: %s received, stopping: claimed jobs not started are handed back, "
+                     "running jobs finish (a second signal stops at once)", self.name, name)
+        self.request()
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _noted(signum: int, frame: Any) -> None:
+    """The Python-level handler: nothing, as the wakeup pipe carries the signal (see :meth:`Shutdown.install`)."""
