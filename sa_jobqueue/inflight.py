@@ -28,9 +28,10 @@ class StatementRecord:
     """What a watchdog knows of one watched connection. ``pid`` and ``fd``
     are read once, by the thread that owns the connection; the rest changes
     as the thread that executes marks a statement started and ended (the end
-    under ``lock``), while the watchdog's thread reads and judges under it. One lock per connection,
-    not one per watchdog: the jobs' threads mark every statement, and a lock
-    they all shared would make them wait on each other."""
+    under ``lock``), while the watchdog's thread reads and judges under it.
+    One lock per connection, not one per watchdog: the jobs' threads mark
+    every statement, and a lock they all shared would make them wait on
+    each other."""
 
     pid: int
     fd: int
@@ -70,6 +71,10 @@ _RECORD = "_sa_jobqueue_statements"
 # path: a transaction-mode drain at 16 threads ran about 10% slower so.
 _classes: dict[type[Any], type[psycopg.Cursor[Any]]] = {}
 _classes_lock = threading.Lock()
+
+
+#: What :func:`watch_cursors` returns for a connection it cannot watch.
+NOT_WATCHABLE = object()
 
 
 def watched_cursors(base: Any) -> type[psycopg.Cursor[Any]] | None:
@@ -125,10 +130,6 @@ def _in_flight(cursor: Any, send: Any, args: tuple[Any, ...], kwargs: dict[str, 
         return send(*args, **kwargs)
     finally:
         record.ended()
-
-
-#: What :func:`watch_cursors` returns for a connection it cannot watch.
-NOT_WATCHABLE = object()
 
 
 def _watched_subclass(base: type[psycopg.Cursor[Any]]) -> type[psycopg.Cursor[Any]]:

@@ -96,14 +96,12 @@ async def run_enqueued(
 ) -> inline.RunResult:
     """:func:`sa_jobqueue.testing.run_enqueued`, awaited; the handlers run
     with the ``AsyncSession``'s own ``Session``."""
-    if isinstance(repositories, AsyncJobRepository):
-        sync: list[JobRepository[Any]] = [repositories.sync]
-    elif isinstance(repositories, (list, tuple)):
-        sync = [_sync(r, "repositories") for r in repositories]
-    else:
+    listed = [repositories] if isinstance(repositories, AsyncJobRepository) else repositories
+    if not isinstance(listed, (list, tuple)):
         raise InvalidArgumentError(
             "repositories", f"give one or more AsyncJobRepository, got {type(repositories).__name__}"
         )
+    sync = [_sync(r, "repositories") for r in listed]
     return await check_async_session(session).run_sync(
         inline.run_enqueued, sync, registry, queue=queue, limit=limit, raise_errors=raise_errors,
         max_rounds=max_rounds,
