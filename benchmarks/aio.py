@@ -13,12 +13,26 @@ import time
 from sqlalchemy.engine import URL
 
 DRIVERS = ("psycopg", "asyncpg")
+# The I/O-bound workload: each handler waits this long; the asyncio worker runs
+# this many jobs in flight, the thread worker this many threads.
+IO_WAIT = 0.05
+IO_IN_FLIGHT = (100, 500)
+IO_THREADS = (16, 64)
 
 
 def has_aio() -> bool:
     """Whether the core under test has the asyncio API (a core before it has not)."""
     try:
         import sa_jobqueue.aio  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def has_async_worker() -> bool:
+    """Whether the core under test has the asyncio worker."""
+    try:
+        from sa_jobqueue.aio import AsyncWorker  # noqa: F401
     except ImportError:
         return False
     return True

@@ -3,7 +3,8 @@
 Started by ``run.py``, one process per measurement, so that the CPU time and
 peak RSS each reports are its own::
 
-    python benchmarks/child.py sajq     DSN --path a|b|c --concurrency C [--service] [--rss-at N,...]
+    python benchmarks/child.py sajq     DSN --path a|b|c --concurrency C [--service] [--rss-at N,...] [--sleep S]
+    python benchmarks/child.py sajq-async DSN --path a|b --driver psycopg|asyncpg --concurrency C [--sleep S]
     python benchmarks/child.py textbook DSN --concurrency C
     python benchmarks/child.py batch    DSN --concurrency C [--service]
     python benchmarks/child.py produce-sajq | produce-raw DSN --jobs 200 --gap 0.02
@@ -21,6 +22,11 @@ Execution paths of the sa_jobqueue worker:
 * ``a``: lease mode, a handler without a session (batched completion);
 * ``b``: lease mode, a handler that writes one ledger row in the job's session;
 * ``c``: transaction mode, the same ledger handler.
+
+``sajq-async`` runs the asyncio worker (``AsyncWorker``) on paths a and b
+with ``async def`` handlers; ``--sleep S`` makes each handler wait S seconds
+first (``asyncio.sleep``, or ``time.sleep`` in the thread worker): the
+I/O-bound workload.
 
 Clocks: ``time.monotonic()`` is CLOCK_MONOTONIC, shared by all processes of
 the machine, so a producer's commit time and a worker's handler start time
@@ -136,7 +142,10 @@ def run_sajq(args: argparse.Namespace) -> dict[str, Any]:
     ledger = Table(LEDGER, MetaData(), Column("job_id", BigInteger, primary_key=True))
     add_ledger_row = insert(ledger)
 
-    if args.path == "a":
+    if args.path == "a" and args.sleep:
+        def bench(job: Any) -> None:
+            time.sleep(args.sleep)  # an I/O-bound job: the thread waits
+    elif args.path == "a":
         if stamps.active:
             def bench(job: Any) -> None:
                 stamps.record(job.id)
@@ -176,6 +185,74 @@ def run_sajq(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": seconds, "cpu": cpu, "hwm_kb": hwm_kb(), "result": asdict(result),
         "stamps": stamps.times, "samples": stamps.samples, "options": sorted(options),
     }
+
+
+def run_sajq_async(args: argparse.Namespace) -> dict[str, Any]:
+    """The asyncio worker: path a (an async def handler without session, batched
+    completion) or b (with the job's AsyncSession, one ledger row), on ``--driver``;
+    ``--sleep S``: each handler first awaits asyncio.sleep(S) (an I/O-bound job)."""
+    import asyncio
+    from dataclasses import asdict
+
+    from sqlalchemy import BigInteger, Column, MetaData, Table, insert
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    from sa_jobqueue import JobRepository, TaskRegistry
+    from sa_jobqueue.aio import AsyncWorker
+    from sa_jobqueue.default import Job
+
+    concurrency, pause = args.concurrency, args.sleep
+    url = sqlalchemy_url(args.dsn).set(drivername=f"postgresql+{args.driver}")
+    sessions = min(concurrency, 16)  # jobs holding a session at once: the pool's size
+    tasks = TaskRegistry()
+    stamps = Stamps(args.service, [int(n) for n in args.rss_at.split(",") if n])
+    ledger = Table(LEDGER, MetaData(), Column("job_id", BigInteger, primary_key=True))
+    add_ledger_row = insert(ledger)
+
+    if args.path == "a":
+        async def bench(job: Any) -> None:
+            if pause:
+                await asyncio.sleep(pause)
+            if stamps.active:
+                stamps.record(job.id)
+    else:
+        async def bench(job: Any, session: AsyncSession) -> None:  # type: ignore[misc]
+            if pause:
+                await asyncio.sleep(pause)
+            if stamps.active:
+                stamps.record(job.id)
+            await session.execute(add_ledger_row, {"job_id": job.id})
+
+    tasks.register(TASK, bench)
+    options: dict[str, Any] = {"queues": [QUEUE], "concurrency": concurrency, "poll_interval": args.poll}
+    if args.listen is not None:
+        options["listen"] = args.listen == "on"
+    if args.batch_size:
+        options["batch_size"] = args.batch_size
+
+    async def warm_up() -> None:  # the dialect initialized and the server warm, outside the timing
+        engine = create_async_engine(url, pool_size=sessions)
+        conns = [await engine.connect() for _ in range(sessions)]
+        for conn in conns:
+            await conn.close()
+        await engine.dispose()
+
+    async def drain() -> dict[str, Any]:
+        engine = create_async_engine(url, pool_size=sessions, max_overflow=0)
+        worker = AsyncWorker(engine, JobRepository(Job), tasks, **options)
+        if args.service:
+            stop_on_stdin(worker.stop)
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
+        result = await worker.run(until_empty=not args.service, handle_signals=False)
+        seconds, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+        await engine.dispose()
+        return {"seconds": seconds, "cpu": cpu, "hwm_kb": hwm_kb(), "result": asdict(result),
+                "stamps": stamps.times, "samples": stamps.samples, "options": sorted(options)}
+
+    asyncio.run(warm_up())
+    say("ready")
+    wait_for("go")
+    return asyncio.run(drain())
 
 
 # -- the raw psycopg reference loops ----------------------------------------------
@@ -344,7 +421,7 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["sajq", "textbook", "batch", "produce-sajq", "produce-raw"])
+    parser.add_argument("role", choices=["sajq", "sajq-async", "textbook", "batch", "produce-sajq", "produce-raw"])
     parser.add_argument("dsn")
     parser.add_argument("--path", choices=["a", "b", "c"], default="a")
     parser.add_argument("--concurrency", type=int, default=4)
@@ -352,12 +429,16 @@ def main() -> None:
     parser.add_argument("--listen", choices=["on", "off"], default=None)
     parser.add_argument("--batch-size", type=int, default=0)
     parser.add_argument("--poll", type=float, default=1.0)
+    parser.add_argument("--driver", choices=["psycopg", "asyncpg"], default="psycopg", help="sajq-async's driver")
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds each handler waits (I/O-bound jobs)")
     parser.add_argument("--rss-at", default="", help="job counts at which to sample VmHWM")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--gap", type=float, default=0.02)
     args = parser.parse_args()
     if args.role == "sajq":
         out = run_sajq(args)
+    elif args.role == "sajq-async":
+        out = run_sajq_async(args)
     elif args.role in ("textbook", "batch"):
         out = Loops(args).run(args.role)
     else:

@@ -54,7 +54,8 @@ from common import (  # noqa: E402
 )
 from psycopg.types.json import Jsonb  # noqa: E402
 
-WORKLOADS = ("enqueue", "enqueue-async", "bulk", "textbook", "batch", "drain-a", "drain-b", "drain-c", "latency", "rss")
+WORKLOADS = ("enqueue", "enqueue-async", "bulk", "textbook", "batch", "drain-a", "drain-b", "drain-c", "drain-async",
+             "latency", "io", "rss")
 GROUPS = {"drain": ("textbook", "batch", "drain-a", "drain-b", "drain-c")}
 PATHS = {
     "a": "lease + batched completion (handler without session)",
@@ -233,25 +234,50 @@ class Bench:
 
     def drain(self, kind: str, concurrency: int) -> None:
         """kind: 'textbook', 'batch' or an execution path 'a', 'b', 'c'."""
-        count = self.args.jobs
-        name = f"drain-{kind}-{concurrency}"
+        if kind in ("textbook", "batch"):
+            self._drain([kind, "--concurrency", str(concurrency)], kind, f"drain-{kind}-{concurrency}")
+            return
+        argv = ["sajq", "--path", kind, "--concurrency", str(concurrency)]
+        if self.args.batch_size:
+            argv += ["--batch-size", str(self.args.batch_size)]
+        self._drain(argv, kind, f"drain-{kind}-{concurrency}", profile=True)
+
+    def drain_async(self, path: str, driver: str, concurrency: int) -> None:
+        """The asyncio worker on path 'a' or 'b' (cores with sa_jobqueue.aio.AsyncWorker)."""
+        import aio
+
+        if aio.has_async_worker():
+            argv = ["sajq-async", "--path", path, "--driver", driver, "--concurrency", str(concurrency)]
+            self._drain(argv, path, f"drain-async-{path}-{driver}-{concurrency}", profile=True)
+
+    def io(self) -> None:
+        """I/O-bound jobs (each waits 50 ms): the asyncio worker at 100 and 500 in
+        flight, the thread worker at 16 and 64 threads (its best is reported)."""
+        import aio
+
+        count = self.args.io_jobs
+        if aio.has_async_worker():
+            for c in aio.IO_IN_FLIGHT:
+                argv = ["sajq-async", "--path", "a", "--concurrency", str(c), "--sleep", str(aio.IO_WAIT)]
+                self._drain(argv, "a", f"io-async-{c}", count=count)
+        for threads in aio.IO_THREADS:
+            argv = ["sajq", "--path", "a", "--concurrency", str(threads), "--sleep", str(aio.IO_WAIT)]
+            self._drain(argv, "a", f"io-sync-{threads}", count=count)
+
+    def _drain(self, argv: list[str], kind: str, name: str, *, count: int | None = None,
+               profile: bool = False) -> None:
+        """Drain ``count`` jobs (--jobs) with the child ``argv`` (its DSN inserted); record jobs/s under ``name``."""
+        count = count or self.args.jobs
         with self.dbs.fresh() as url:
             dsn = libpq(url)
             ids = copy_jobs(dsn, count, TASK)
-            if kind in ("textbook", "batch"):
-                argv = [kind, dsn, "--concurrency", str(concurrency)]
-                child = Child(argv)
-            else:
-                argv = ["sajq", dsn, "--path", kind, "--concurrency", str(concurrency)]
-                if self.args.batch_size:
-                    argv += ["--batch-size", str(self.args.batch_size)]
-                child = Child(argv, self.profile(name))
+            child = Child([argv[0], dsn, *argv[1:]], self.profile(name) if profile else None)
             try:
                 child.ready().send("go")
                 out = child.result(self.args.timeout)
             finally:
                 child.kill()
-            self._check_drain(dsn, kind, ids, out, f"drain {kind} C={concurrency}")
+            self._check_drain(dsn, kind, ids, out, name)
         self.values[name].append(count / out["seconds"])
         self.extra[f"cpu-{name}"].append(out["cpu"] / out["seconds"])
         self.extra[f"rss-{name}"].append(out["hwm_kb"] / 1024)
@@ -285,14 +311,17 @@ class Bench:
     # latency ---------------------------------------------------------------------------
 
     def latency(self, kind: str) -> None:
-        """kind 'sajq' (path a, listen on) or 'batch' (the raw batch loop)."""
-        if kind == "sajq" and not self.has_listen:
+        """kind 'sajq' (path a, listen on), 'sajq-async' (the same in the asyncio
+        worker) or 'batch' (the raw batch loop)."""
+        import aio
+
+        if (kind == "sajq" and not self.has_listen) or (kind == "sajq-async" and not aio.has_async_worker()):
             return
         with self.dbs.fresh() as url:
             dsn = libpq(url)
-            if kind == "sajq":
-                worker = Child(["sajq", dsn, "--path", "a", "--concurrency", "4", "--service", "--listen", "on",
-                                "--poll", "1.0"], self.profile("latency-sajq"))
+            if kind in ("sajq", "sajq-async"):
+                worker = Child([kind, dsn, "--path", "a", "--concurrency", "4", "--service", "--listen", "on",
+                                "--poll", "1.0"], self.profile(f"latency-{kind}"))
                 producer_role = "produce-sajq"
             else:
                 worker = Child(["batch", dsn, "--concurrency", "4", "--service"])
@@ -376,10 +405,19 @@ def run(args: argparse.Namespace) -> int:
                         if bench.wanted(workload):
                             log(f"  drain {kind} C={concurrency}")
                             bench.timed(workload, lambda k=kind, c=concurrency: bench.drain(k, c))
+                    if bench.wanted("drain-async"):
+                        for path, driver in [(p, d) for p in ("a", "b") for d in ("psycopg", "asyncpg")]:
+                            log(f"  drain async {path} {driver} C={concurrency}")
+                            bench.timed("drain-async", lambda p=path, d=driver, c=concurrency:
+                                        bench.drain_async(p, d, c))
+                if bench.wanted("io"):
+                    log("  I/O-bound jobs")
+                    bench.timed("io", bench.io)
                 if bench.wanted("latency"):
                     log("  latency")
                     bench.timed("latency", lambda: bench.latency("batch"))
                     bench.timed("latency", lambda: bench.latency("sajq"))
+                    bench.timed("latency", lambda: bench.latency("sajq-async"))
             if bench.wanted("rss"):
                 log(f"rss: {args.rss_jobs[1]:,} jobs")
                 bench.timed("rss", bench.rss)
@@ -459,6 +497,25 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
         for c in args.concurrency:
             name = f"drain-{kind}-{c}"
             row(label, str(c), m.get(name), "jobs/s", m.get(f"drain-textbook-{c}"), m.get(f"drain-batch-{c}"))
+    if bench.wanted("drain-async"):
+        for path, text in (("a", "async def handler without session"), ("b", "async def handler, ledger row in the "
+                                                                         "job's AsyncSession")):
+            for driver in ("psycopg", "asyncpg"):
+                for c in args.concurrency:
+                    name = f"drain-async-{path}-{driver}-{c}"
+                    row(f"drain ({path}) asyncio worker on {driver}: {text}", str(c), m.get(name), "jobs/s",
+                        m.get(f"drain-textbook-{c}"), m.get(f"drain-batch-{c}"),
+                        f"{rx(ratio(m.get(name), m.get(f'drain-{path}-{c}')))} the thread worker's", missing=NA)
+    if bench.wanted("io"):
+        best = max((v for k, v in m.items() if k.startswith("io-sync-") and v is not None), default=None)
+        for c in (100, 500):
+            name = f"io-async-{c}"
+            row("I/O-bound jobs (each awaits 50 ms), asyncio worker on psycopg", str(c), m.get(name), "jobs/s", None,
+                None, f"{rx(ratio(m.get(name), best))} the thread worker's best", missing=NA)
+        for threads in (16, 64):
+            name = f"io-sync-{threads}"
+            row("I/O-bound jobs (each sleeps 50 ms), thread worker", str(threads), m.get(name), "jobs/s", None, None,
+                f"{rx(ratio(m.get(name), best))} its best")
     c1 = str(args.concurrency[0])
     tb1, bt1 = m.get(f"drain-textbook-{c1}"), m.get(f"drain-batch-{c1}")
     row("enqueue, one job per transaction (Session + enqueue)", "1", m.get("enqueue"), "jobs/s", tb1, bt1,
@@ -479,6 +536,8 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
         if bench.wanted("latency"):
             row(f"latency {p}, enqueue commit to handler start (path a, listen on)", "4", sajq, "ms", None, raw,
                 missing=NA if not bench.has_listen else None, lower_is_better=True)
+            row(f"latency {p}, the same in the asyncio worker (psycopg)", "4", m.get(f"latency-sajq-async-{p}"),
+                "ms", None, raw, missing=NA, lower_is_better=True)
             row(f"latency {p}, raw batch loop with LISTEN/NOTIFY", "4", raw, "ms", None, raw)
     if bench.wanted("rss"):
         first, total = args.rss_jobs
@@ -556,6 +615,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-jobs", type=int, default=None, help="jobs the producer enqueues (200)")
     parser.add_argument("--rss-jobs", default=None, help="FIRST,TOTAL job counts of the RSS drain (10000,100000)")
     parser.add_argument("--batch-size", type=int, default=0, help="pass batch_size to the Worker when supported")
+    parser.add_argument("--io-jobs", type=int, default=None, help="jobs per I/O-bound drain (5,000, quick 2,000)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds allowed per drain (600, quick 120)")
     parser.add_argument("--core", metavar="REV", help="benchmark sa_jobqueue (and its migrations) as committed "
                         "at git revision REV, from a snapshot, instead of the working tree")
@@ -570,6 +630,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.jobs = args.jobs or (1_000 if quick else 20_000)
     args.enqueue_jobs = args.enqueue_jobs or (300 if quick else 2_000)
     args.latency_jobs = args.latency_jobs or (50 if quick else 200)
+    args.io_jobs = args.io_jobs or (2_000 if quick else 5_000)
     args.rss_jobs = [int(n) for n in (args.rss_jobs or ("1000,5000" if quick else "10000,100000")).split(",")]
     if len(args.rss_jobs) != 2 or not 0 < args.rss_jobs[0] < args.rss_jobs[1]:
         parser.error("--rss-jobs takes FIRST,TOTAL with 0 < FIRST < TOTAL")

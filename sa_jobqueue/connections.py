@@ -78,6 +78,7 @@ worker discards their connections itself (see :func:`is_fatal_to_connection`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -85,11 +86,14 @@ from typing import Any
 import psycopg
 from sqlalchemy import event
 from sqlalchemy.engine import Engine, ExceptionContext
-from sqlalchemy.pool import QueuePool
+from sqlalchemy.pool import AsyncAdaptedQueuePool, QueuePool
 
 from .errors import InvalidArgumentError
 
-__all__ = ["backend_pid", "is_fatal_to_connection", "own_session", "raw_connect", "worker_engine"]
+__all__ = [
+    "backend_pid", "driver_backend_pid", "driver_connect", "is_fatal_to_connection", "own_session", "raw_connect",
+    "worker_engine",
+]
 
 #: An execution option set on every worker engine: the mark that the shared
 #: dialect's ``handle_error`` listener goes by. Its value is the engine's name.
@@ -217,7 +221,10 @@ def worker_engine(engine: Engine, *, pool_size: int, name: str, max_overflow: in
         raise InvalidArgumentError("max_overflow", f"must be an int >= 0, got {max_overflow!r}")
     if not isinstance(name, str) or not name:
         raise InvalidArgumentError("name", f"must be a non-empty str, got {name!r}")
-    pool = QueuePool(
+    # An async dialect (the sync face of an AsyncEngine) waits for a
+    # connection without blocking the event loop only in the async-adapted pool.
+    pool_class = AsyncAdaptedQueuePool if engine.dialect.is_async else QueuePool
+    pool = pool_class(
         _detached_connections(engine), pool_size=pool_size, max_overflow=max_overflow,
         logging_name=name, dialect=engine.dialect,
     )
@@ -250,21 +257,41 @@ def own_session(conn: psycopg.Connection[Any], application_name: str | None = No
         conn.execute("SELECT set_config('application_name', %s, false)", (application_name,))
 
 
-def _detached_connections(engine: Engine) -> Callable[[], Any]:
-    """DBAPI connections from a private copy of ``engine``'s pool, detached at once."""
+def driver_connect(engine: Engine) -> Callable[[], Any]:
+    """A factory of the driver's own connections, made as ``engine`` makes its own.
+
+    As :func:`raw_connect`, for any driver, and for the sync face of an
+    ``AsyncEngine`` (``async_engine.sync_engine``): each call returns the
+    connection under SQLAlchemy's DBAPI adapter (a
+    :class:`psycopg.AsyncConnection` or an ``asyncpg.Connection`` under
+    asyncio), owned by the caller. For an async engine, call it in
+    SQLAlchemy's greenlet (``greenlet_spawn``), where its connect runs.
+    """
+    if not isinstance(engine, Engine):
+        raise InvalidArgumentError("engine", "must be an Engine")
+    return _detached_connections(engine, driver=True)
+
+
+def _detached_connections(engine: Engine, *, driver: bool = False) -> Callable[[], Any]:
+    """DBAPI connections (or, with ``driver``, the driver's own under them)
+    from a private copy of ``engine``'s pool, detached at once."""
     source = engine.pool.recreate()
     # The copy has the application's pool size and timeout; a tiny pool
     # (pool_size=1, max_overflow=0, a short pool_timeout) would make
     # concurrent connects wait on each other and time out. One checkout at
-    # a time never waits: the detach frees the slot before the next.
-    lock = threading.Lock()
+    # a time never waits: the detach frees the slot before the next. Under
+    # asyncio (an async dialect, connecting in SQLAlchemy's greenlet) a
+    # thread lock held across the connect would block the event loop that
+    # the connect waits on; there the async-adapted copy queues concurrent
+    # connects itself, without blocking.
+    lock: Any = contextlib.nullcontext() if engine.dialect.is_async else threading.Lock()
 
     def connect() -> Any:
         with lock:
             proxied = source.connect()
-            dbapi_connection = proxied.dbapi_connection
+            connection = proxied.driver_connection if driver else proxied.dbapi_connection
             proxied.detach()
-        return dbapi_connection
+        return connection
 
     return connect
 
@@ -281,7 +308,15 @@ def _discard_fatal(context: ExceptionContext) -> None:
 
 
 def backend_pid(connection: Any) -> int | None:
-    """The server process of a job's connection (psycopg), read in the thread that owns it."""
-    info = getattr(connection.connection.dbapi_connection, "info", None)
+    """The server process of a job's connection (a SQLAlchemy Connection), read in the thread that owns it."""
+    return driver_backend_pid(connection.connection.driver_connection)
+
+
+def driver_backend_pid(driver_connection: Any) -> int | None:
+    """The server process of a driver's connection, known without a round trip:
+    psycopg's (sync or async) ``info.backend_pid``, asyncpg's ``get_server_pid()``."""
+    info = getattr(driver_connection, "info", None)
     pid = getattr(info, "backend_pid", None)
+    if pid is None and callable(getattr(driver_connection, "get_server_pid", None)):
+        pid = driver_connection.get_server_pid()
     return pid if isinstance(pid, int) else None

@@ -14,7 +14,7 @@ docs/testing.md), and :mod:`sa_jobqueue.aio.testing` runs on an
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ from .mixin import JobMixin
 from .registry import TaskRegistry
 from .repository import JobRepository, check_repositories
 from .states import DEAD, PENDING, STATUSES
+from .task import Task
 from .worker.failures import failure_of, record_failure, refuse_awaitable
 
 M = TypeVar("M", bound=JobMixin)
@@ -192,6 +193,32 @@ def run_enqueued(
     transaction a job scheduled in the future never becomes runnable.
     """
     __tracebackhide__ = True
+    return run_inline(session, repositories, registry, queue=queue, limit=limit, raise_errors=raise_errors,
+                      max_rounds=max_rounds)
+
+
+#: How :func:`run_inline` calls a handler: ``call(task, job, session)``.
+HandlerCall = Callable[[Task, Any, Session], None]
+
+
+def _call_sync(task: Task, job: Any, session: Session) -> None:
+    refuse_awaitable(task(job, session))
+
+
+def run_inline(
+    session: Session,
+    repositories: JobRepository[Any] | Sequence[JobRepository[Any]],
+    registry: TaskRegistry,
+    *,
+    queue: str | Sequence[str] | None = None,
+    limit: int | None = None,
+    raise_errors: bool = True,
+    max_rounds: int = 100,
+    call: HandlerCall = _call_sync,
+) -> RunResult:
+    """:func:`run_enqueued`, with ``call`` running each handler (the asyncio
+    helpers pass one that awaits ``async def`` handlers on the ``AsyncSession``)."""
+    __tracebackhide__ = True
     check_session(session)
     repos = check_repositories(repositories)
     if not isinstance(registry, TaskRegistry):
@@ -218,7 +245,7 @@ def run_enqueued(
         if not claimed:
             return RunResult(tuple(runs), round_no - 1)
         for repo, job in claimed:
-            runs.append(_run_one(session, repo, registry, job, round_no, raise_errors))
+            runs.append(_run_one(session, repo, registry, job, round_no, raise_errors, call))
         if limit is not None and len(runs) >= limit:
             return RunResult(tuple(runs), round_no)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -228,7 +255,8 @@ _WORKER_NAME = "sa_jobqueue.testing"
 
 
 def _run_one(
-    session: Session, repo: JobRepository[Any], registry: TaskRegistry, job: Any, round_no: int, raise_errors: bool
+    session: Session, repo: JobRepository[Any], registry: TaskRegistry, job: Any, round_no: int, raise_errors: bool,
+    call: HandlerCall,
 ) -> JobRun:
     __tracebackhide__ = True
     task = registry.get(job.task)
@@ -241,7 +269,7 @@ def _run_one(
         return JobRun(job, outcome, round_no, missing)
     try:
         with session.begin_nested():
-            refuse_awaitable(task(job, session))
+            call(task, job, session)
             session.flush()  # the handler's pending writes: their errors are the handler's failure
             repo.complete(session, job)
     except BaseException as exc:  # SystemExit from a handler is a failure too, as in the worker

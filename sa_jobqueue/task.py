@@ -8,8 +8,8 @@ on this module, not on the registry's decorators and schedules.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -17,7 +17,7 @@ from .checks import check_bool, check_name, check_timeout, positive_int
 from .errors import InvalidArgumentError
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
 
-__all__ = ["Handler", "Task", "Tasks", "check_task", "takes_session"]
+__all__ = ["Handler", "Task", "Tasks", "check_task", "is_async_handler", "refuse_async_tasks", "takes_session"]
 
 Handler = Callable[..., Any]
 """A job handler: called with the job, and with its session when it takes two arguments."""
@@ -40,9 +40,13 @@ class Task:
     batch_complete: bool = True
     timeout: timedelta | None = None
 
+    #: Whether the handler is an ``async def`` (run by :class:`~sa_jobqueue.aio.AsyncWorker` only).
+    is_async: bool = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         check_task(self.name, self.handler, self.retry, self.max_attempts, self.batch_complete, self.timeout)
         check_bool("takes_session", self.takes_session)
+        object.__setattr__(self, "is_async", is_async_handler(self.handler))  # frozen: set once, here
 
     @property
     def completes_in_batch(self) -> bool:
@@ -62,13 +66,6 @@ def check_task(
     check_name("name", name)
     if not callable(handler):
         raise InvalidArgumentError("handler", "must be callable")
-    call = type(handler).__call__ if not inspect.isroutine(handler) else None
-    if inspect.iscoroutinefunction(handler) or (call is not None and inspect.iscoroutinefunction(call)):
-        # The thread worker would get a coroutine back and never run it.
-        raise InvalidArgumentError(
-            "handler", "is an async def function: this worker runs sync handlers in threads; an async handler "
-            "needs the asyncio worker (not available yet), so wrap it in a def for now"
-        )
     if timeout is not None:
         check_timeout("timeout", timeout)
     if not isinstance(retry, RetryPolicy):
@@ -76,6 +73,27 @@ def check_task(
     if max_attempts is not None:
         positive_int("max_attempts", max_attempts)
     check_bool("batch_complete", batch_complete)
+
+
+def is_async_handler(handler: object) -> bool:
+    """Whether calling ``handler`` returns a coroutine: an ``async def``
+    function, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(handler):
+        return True
+    if inspect.isroutine(handler) or not callable(handler):
+        return False
+    return inspect.iscoroutinefunction(type(handler).__call__)
+
+
+def refuse_async_tasks(tasks: Iterable[Task], parameter: str = "tasks") -> None:
+    """Raise naming ``parameter`` when ``tasks`` has an ``async def`` handler:
+    code that runs handlers in threads would get a coroutine back and never run it."""
+    names = sorted(t.name for t in tasks if t.is_async)
+    if names:
+        raise InvalidArgumentError(
+            parameter, f"has async def handlers ({', '.join(names)}): the thread worker runs sync handlers only; "
+            "run this registry with sa_jobqueue.aio.AsyncWorker, which runs both"
+        )
 
 
 def takes_session(handler: Handler) -> bool:

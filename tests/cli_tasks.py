@@ -2,7 +2,8 @@
 
 ``sa-jobqueue worker cli_tasks:tasks`` runs ``record``, which writes a row of
 ``cli_done`` in the job's transaction; ``cli_tasks:make_worker`` is the same
-as a zero-argument worker factory reading ``DATABASE_URL``.
+as a zero-argument worker factory reading ``DATABASE_URL``; ``async_tasks``
+and ``make_async_worker`` are the same for the asyncio worker.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import os
 import threading
 
 from sqlalchemy import BigInteger, String, create_engine
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sa_jobqueue import JobRepository, TaskRegistry, Worker, psycopg_url
+from sa_jobqueue.aio import AsyncWorker
 from sa_jobqueue.default import Job
 
 
@@ -41,6 +44,20 @@ def record(job: Job, session: Session) -> None:
 def stuck(job: Job) -> None:
     """Hangs in Python, past its deadline: nothing on the server to cancel."""
     threading.Event().wait(3600)
+
+
+async_tasks = TaskRegistry()
+
+
+@async_tasks.task(name="record")
+async def record_async(job: Job, session: AsyncSession) -> None:
+    """``record`` as an async def handler, on the job's AsyncSession."""
+    session.add(Done(job_id=job.id, note=(job.payload or {}).get("note")))
+
+
+def make_async_worker() -> AsyncWorker:
+    engine = create_async_engine(psycopg_url(os.environ["DATABASE_URL"]))
+    return AsyncWorker(engine, JobRepository(Job), async_tasks, concurrency=20)
 
 
 def make_worker() -> Worker:

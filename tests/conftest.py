@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import jobapp
@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobqueue.default import Job
@@ -132,3 +133,30 @@ def default_table(create_database: Callable[[], URL]) -> Iterator[tuple[str, Eng
         yield url.set(drivername="postgresql").render_as_string(hide_password=False), engine
     finally:
         engine.dispose()
+
+
+# -- asyncio: both of SQLAlchemy's async PostgreSQL drivers ---------------------
+
+DRIVERS = ["psycopg", "asyncpg"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=DRIVERS)
+def async_driver(request: pytest.FixtureRequest) -> str:
+    """Each of SQLAlchemy's async PostgreSQL drivers, as its URL names it."""
+    return str(request.param)
+
+
+@pytest.fixture
+async def async_engine(async_driver: str, db_url: URL, engine: Engine) -> AsyncIterator[AsyncEngine]:
+    """An async engine on the shared test schema, through each async driver.
+    (Depends on ``engine`` so that the tables are emptied after each test.)"""
+    made = create_async_engine(db_url.set(drivername=f"postgresql+{async_driver}"))
+    try:
+        yield made
+    finally:
+        await made.dispose()

@@ -6,7 +6,7 @@ for plain bulk rows, and bad input refused with nothing written."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -15,8 +15,7 @@ import pytest
 from jobapp import EmailJob, Ledger, TaskJob, User
 from sqlalchemy import Engine, event, func, select, text
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
 from waiting import wait_for
 
@@ -28,32 +27,8 @@ from sa_jobqueue.urls import psycopg_url
 
 pytestmark = pytest.mark.anyio
 
-DRIVERS = ["psycopg", "asyncpg"]
-
 tasks = AsyncJobRepository(TaskJob)
 emails = AsyncJobRepository(EmailJob)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(params=DRIVERS)
-def async_driver(request: pytest.FixtureRequest) -> str:
-    """Each of SQLAlchemy's async PostgreSQL drivers, as its URL names it."""
-    return str(request.param)
-
-
-@pytest.fixture
-async def async_engine(async_driver: str, db_url: URL, engine: Engine) -> AsyncIterator[AsyncEngine]:
-    """An async engine on the shared test schema, through each async driver.
-    (Depends on ``engine`` so that the tables are emptied after each test.)"""
-    made = create_async_engine(db_url.set(drivername=f"postgresql+{async_driver}"))
-    try:
-        yield made
-    finally:
-        await made.dispose()
 
 
 @pytest.fixture

@@ -4,42 +4,26 @@ run of their own."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from jobapp import Ledger, TaskJob, User, tasks
 from sqlalchemy import Engine, func, select
-from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from test_docs import DOCS, python_blocks, section
 
-from sa_jobqueue import InvalidArgumentError, JobRepository
+from sa_jobqueue import InvalidArgumentError, JobRepository, TaskRegistry
 from sa_jobqueue.aio import AsyncJobRepository
 from sa_jobqueue.aio.testing import enqueued, run_enqueued, transactional_session
 
 pytestmark = pytest.mark.anyio
 
 jobs = AsyncJobRepository(TaskJob)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def async_engine(db_url: URL, engine: Engine) -> AsyncIterator[AsyncEngine]:
-    """psycopg's async driver on the shared test schema (``engine``: its tables are emptied after)."""
-    made = create_async_engine(db_url)
-    try:
-        yield made
-    finally:
-        await made.dispose()
 
 
 def _committed(engine: Engine) -> tuple[int, int, int]:
@@ -71,6 +55,41 @@ async def test_a_failing_handler_raises_and_its_writes_roll_back(async_engine: A
         (job,) = await enqueued(session, jobs)
         assert job.attempts == 1 and job.last_error is not None and "always fails" in job.last_error
         assert await session.scalar(select(func.count()).select_from(Ledger)) == 0  # rolled back
+
+
+async def test_async_handlers_run_inline_with_the_async_session_in_their_savepoint(
+    async_engine: AsyncEngine, engine: Engine
+) -> None:
+    registry = TaskRegistry()
+
+    @registry.task
+    async def welcome(job: TaskJob, session: AsyncSession) -> None:
+        session.add(Ledger(job_id=job.id, note="async"))
+        await session.flush()
+        await jobs.enqueue(session, "follow_up")
+
+    @registry.task
+    async def follow_up(job: TaskJob) -> None:
+        await asyncio.sleep(0)
+
+    @registry.task(max_attempts=1)
+    async def fails(job: TaskJob, session: AsyncSession) -> None:
+        session.add(Ledger(job_id=job.id, note="never"))
+        await session.flush()
+        raise ValueError("async handler failed")
+
+    async with transactional_session(async_engine) as session:
+        (first,) = [await jobs.enqueue(session, "welcome")]
+        result = await run_enqueued(session, jobs, registry)
+        assert result.tasks == ["welcome", "follow_up"] and result.rounds == 2
+        assert (await session.execute(select(Ledger.job_id, Ledger.note))).all() == [(first.id, "async")]
+        failing = await jobs.enqueue(session, "fails")
+        with pytest.raises(ValueError, match="async handler failed"):
+            await run_enqueued(session, jobs, registry)
+        assert await session.scalar(select(func.count()).select_from(Ledger)) == 1  # its SAVEPOINT rolled back
+        (dead,) = await enqueued(session, jobs, status="dead")
+        assert dead.id == failing.id and dead.last_error is not None and "async handler failed" in dead.last_error
+    assert _committed(engine) == (0, 0, 0)
 
 
 async def test_bad_arguments_name_the_parameter(async_engine: AsyncEngine) -> None:

@@ -387,6 +387,25 @@ def test_worker_runs_a_factory_until_sigterm(cli_url: str, cli_engine: Engine) -
     assert _run_worker(cli_url, cli_engine, ["cli_tasks:make_worker"], "default")["completed"] == 2
 
 
+def test_worker_runs_an_async_registry_until_sigterm(cli_url: str, cli_engine: Engine) -> None:
+    args = ["cli_tasks:async_tasks", "--concurrency", "50", "--queue", "default", "--queue", "other"]
+    assert _run_worker(cli_url, cli_engine, args, "other")["completed"] == 2
+
+
+def test_worker_runs_an_async_worker_factory_until_sigterm(cli_url: str, cli_engine: Engine) -> None:
+    assert _run_worker(cli_url, cli_engine, ["cli_tasks:make_async_worker"], "default")["completed"] == 2
+
+
+def test_an_async_registry_in_transaction_mode_is_refused_in_one_line(cli_url: str) -> None:
+    env = os.environ | {"DATABASE_URL": cli_url, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sa_jobqueue.cli", "worker", "cli_tasks:async_tasks", "--mode", "transaction"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--mode transaction" in proc.stderr and "lease mode only" in proc.stderr
+
+
 def test_a_worker_with_too_many_stuck_threads_exits_non_zero_in_one_line(cli_url: str, cli_engine: Engine) -> None:
     for _ in range(3):
         ok(cli_url, "enqueue", "stuck")

@@ -42,16 +42,18 @@ def _call(method: str, address: str, path: str, body: dict[str, Any] | None = No
 
 
 @pytest.fixture
-def server(create_database: Callable[[], URL]) -> Iterator[tuple[str, URL]]:
+def server(create_database: Callable[[], URL], request: pytest.FixtureRequest) -> Iterator[tuple[str, URL]]:
     """uvicorn serving the example app on a loopback socket this test bound
-    (handed over by descriptor, so no other process can take the port)."""
+    (handed over by descriptor, so no other process can take the port); with
+    an indirect parameter "worker in app", the app runs its worker in its lifespan."""
     url = create_database()
+    env = _env(url) | ({"WORKER_IN_APP": "1"} if getattr(request, "param", None) == "worker in app" else {})
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
     address = f"127.0.0.1:{listening.getsockname()[1]}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app.main:app", "--fd", str(listening.fileno()), "--log-level", "warning"],
-        cwd=APP, env=_env(url), pass_fds=[listening.fileno()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=APP, env=env, pass_fds=[listening.fileno()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )
     listening.close()  # uvicorn holds its own copy
@@ -101,6 +103,19 @@ def test_a_signup_commits_its_job_and_the_worker_runs_it_once(server: tuple[str,
         engine.dispose()
     status, user = _call("GET", address, f"/users/{created['user_id']}")
     assert (status, user) == (200, {"id": created["user_id"], "email": "ada@example.com", "welcomed": True})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["worker in app"], indirect=True)
+def test_a_worker_in_the_apps_lifespan_runs_the_signups_job(server: tuple[str, URL]) -> None:
+    address, _ = server
+    status, created = _call("POST", address, "/signup", {"email": "grace@example.com"})
+    assert status == 201, created
+
+    def welcomed() -> bool:
+        return _call("GET", address, f"/users/{created['user_id']}")[1].get("welcomed") is True
+
+    wait_for(welcomed, TIMEOUT, "the app's own worker to run the welcome job")
 
 
 def test_the_page_shows_the_example_files_verbatim() -> None:

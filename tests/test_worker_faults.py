@@ -105,17 +105,18 @@ def test_a_bad_retry_request_counts_the_attempt_and_never_reruns_batch_mates(
 # -- 2. async handlers -------------------------------------------------------------
 
 
-def test_an_async_def_handler_is_refused_at_registration_naming_the_asyncio_worker() -> None:
+def test_an_async_def_handler_registers_and_the_thread_worker_refuses_it_naming_the_asyncio_worker(
+    engine: Engine,
+) -> None:
     registry = TaskRegistry()
 
     async def send(job: Any) -> None:
         pass
 
+    assert registry.register("send", send).is_async
     with pytest.raises(InvalidArgumentError) as raised:
-        registry.register("send", send)
-    assert raised.value.parameter == "handler" and "asyncio worker" in str(raised.value)
-    with pytest.raises(InvalidArgumentError):
-        registry.task(send)
+        Worker(engine, jobs, registry)
+    assert raised.value.parameter == "tasks" and "AsyncWorker" in str(raised.value)
 
 
 @pytest.mark.parametrize("mode", MODES)

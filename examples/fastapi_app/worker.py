@@ -1,14 +1,18 @@
 """The worker, in a process of its own: python worker.py [--until-empty]."""
 
-import os
+import asyncio
 import sys
 
-from sqlalchemy import create_engine
-
+from app.db import engine
 from app.jobs import emails, tasks
-from sa_jobqueue import Worker, psycopg_url
+from sa_jobqueue.aio import AsyncWorker
 
-engine = create_engine(psycopg_url(os.environ["DATABASE_URL"]))
-worker = Worker(engine, emails.sync, tasks, queues=["signup"], concurrency=4)
-result = worker.run(until_empty="--until-empty" in sys.argv)  # else until SIGINT/SIGTERM
-print(f"worker: completed {result.completed}, retried {result.retried}, dead {result.dead}", flush=True)
+
+async def main() -> None:
+    worker = AsyncWorker(engine, emails, tasks, queues=["signup"], concurrency=50)
+    result = await worker.run(until_empty="--until-empty" in sys.argv)  # else until SIGINT/SIGTERM
+    print(f"worker: completed {result.completed}, retried {result.retried}, dead {result.dead}", flush=True)
+    await engine.dispose()
+
+
+asyncio.run(main())

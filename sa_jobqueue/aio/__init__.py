@@ -1,5 +1,6 @@
 """sa_jobqueue under asyncio: the queue verbs on an ``AsyncSession``
-(:class:`AsyncJobRepository`); helpers for tests in :mod:`sa_jobqueue.aio.testing`.
+(:class:`AsyncJobRepository`), a worker for ``async def`` handlers
+(:class:`AsyncWorker`); helpers for tests in :mod:`sa_jobqueue.aio.testing`.
 
 Needs SQLAlchemy's asyncio support (the ``asyncio`` extra:
 ``pip install 'sa_jobqueue[asyncio]'``, which brings greenlet; add
@@ -8,5 +9,6 @@ import this package.
 """
 
 from .repository import AsyncJobRepository
+from .worker import AsyncWorker
 
-__all__ = ["AsyncJobRepository"]
+__all__ = ["AsyncJobRepository", "AsyncWorker"]

@@ -11,7 +11,8 @@ on an ``AsyncSession``, committing nothing (see docs/testing.md).
 
 Each is the sync helper of the same name, run on the ``AsyncSession``'s own
 ``Session`` through ``run_sync``, so its checks, errors and rules are the
-same; ``run_enqueued``'s handlers get that ``Session``.
+same; ``run_enqueued`` awaits ``async def`` handlers with the
+``AsyncSession`` itself and calls sync ones with its ``Session``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+from sqlalchemy.util import await_only
 
 from .. import inline
 from ..errors import InvalidArgumentError
@@ -28,6 +31,8 @@ from ..mixin import JobMixin
 from ..registry import TaskRegistry
 from ..repository import JobRepository
 from ..states import PENDING
+from ..task import Task
+from ..worker.failures import refuse_awaitable
 from .repository import AsyncJobRepository, check_async_session
 
 M = TypeVar("M", bound=JobMixin)
@@ -94,17 +99,29 @@ async def run_enqueued(
     raise_errors: bool = True,
     max_rounds: int = 100,
 ) -> inline.RunResult:
-    """:func:`sa_jobqueue.testing.run_enqueued`, awaited; the handlers run
-    with the ``AsyncSession``'s own ``Session``."""
+    """:func:`sa_jobqueue.testing.run_enqueued`, awaited: an ``async def``
+    handler is awaited with ``session`` itself, a sync one is called with
+    the ``AsyncSession``'s own ``Session``; both inside the job's SAVEPOINT."""
     listed = [repositories] if isinstance(repositories, AsyncJobRepository) else repositories
     if not isinstance(listed, (list, tuple)):
         raise InvalidArgumentError(
             "repositories", f"give one or more AsyncJobRepository, got {type(repositories).__name__}"
         )
     sync = [_sync(r, "repositories") for r in listed]
-    return await check_async_session(session).run_sync(
-        inline.run_enqueued, sync, registry, queue=queue, limit=limit, raise_errors=raise_errors,
-        max_rounds=max_rounds,
+    outer = check_async_session(session)
+
+    def call(task: Task, job: Any, sync_session: Session) -> None:
+        if not task.is_async:
+            refuse_awaitable(task(job, sync_session))
+            return
+        # In run_sync's greenlet: await the coroutine on the loop. Its own
+        # statements on ``outer`` run in greenlets of their own, on the same
+        # connection and transaction (this one waits meanwhile).
+        await_only(task(job, outer))
+
+    return await outer.run_sync(
+        inline.run_inline, sync, registry, queue=queue, limit=limit, raise_errors=raise_errors,
+        max_rounds=max_rounds, call=call,
     )
 
 

@@ -6,16 +6,18 @@ What ``flask jobs worker`` shares with it is in :mod:`.worker_flags`.
 from __future__ import annotations
 
 import logging
-from typing import Literal, cast
+import sys
+from typing import Any, Literal, cast
 
 import click
-from sqlalchemy import literal, select
+from sqlalchemy import Engine, literal, select
 
 from ..errors import JobQueueError, WorkerStuckError
 from ..registry import TaskRegistry
 from ..worker.threaded import Worker
-from .database import database_errors, make_engine
+from .database import CONNECT_TIMEOUT, database_errors, make_engine
 from .errors import CliError, CliUsageError, OneLineCommand, first_line
+from .event_loop import run_in_event_loop
 from .formatting import seconds
 from .state import cli_state, import_object, model_option, repository_for
 from .worker_flags import result_line, shutdown_options, shutdown_timeout_option
@@ -34,7 +36,8 @@ WORKER_OPTIONS = {
 @click.command("worker", cls=OneLineCommand)
 @click.argument("import_path", metavar="MODULE:ATTR")
 @click.option("--queue", "queues", multiple=True, metavar="NAME", help="Queue to serve (repeatable, default: default).")
-@click.option("--concurrency", type=int, default=4, show_default=True, help="Jobs run at once (threads).")
+@click.option("--concurrency", type=int, default=4, show_default=True,
+              help="Jobs run at once: threads, or with async def handlers, jobs in flight.")
 @click.option("--mode", type=click.Choice(["lease", "transaction"]), default="lease", show_default=True)
 @click.option("--listen/--no-listen", default=True, show_default=True, help="Wake on LISTEN/NOTIFY, not only polls.")
 @click.option("--batch-size", type=int, default=None, help="Jobs per claim.")
@@ -52,8 +55,9 @@ def worker_command(
 
     MODULE:ATTR names either a TaskRegistry, run with the options given here
     on the database URL, or a zero-argument factory returning a configured
-    Worker (the factory builds its own engine; the worker options here are
-    then refused).
+    Worker or AsyncWorker (the factory builds its own engine; the worker
+    options here are then refused). A registry with async def handlers runs
+    in the asyncio worker (lease mode), on uvloop when it is installed.
     """
     target = import_object(import_path, "IMPORT_PATH")
     if isinstance(target, TaskRegistry):
@@ -74,8 +78,8 @@ def worker_command(
             built = target()
         except Exception as exc:  # the factory is user code: report it in one line
             raise CliError(f"{import_path}() failed: {type(exc).__name__}: {first_line(exc)}") from None
-        if not isinstance(built, Worker):
-            raise CliUsageError(f"{import_path}() returned {type(built).__name__}, not a Worker")
+        if not isinstance(built, Worker) and not _is_async_worker(built):
+            raise CliUsageError(f"{import_path}() returned {type(built).__name__}, not a Worker or an AsyncWorker")
         _run(built)
     else:
         raise CliUsageError(
@@ -98,6 +102,14 @@ def _run_registry(
         with database_errors(engine, repository.table.name):
             with engine.connect() as conn:  # fail fast, in one line, when the server is unreachable
                 conn.execute(select(literal(1)).select_from(repository.table).limit(1)).all()
+            if any(task.is_async for task in registry):
+                if mode != "lease":
+                    raise CliUsageError(f"--mode {mode}: a registry with async def handlers runs in the asyncio "
+                                        "worker, which has lease mode only")
+                _run_async_registry(engine, repository, registry, queues=list(queues) or "default",
+                                    concurrency=concurrency, listen=listen, batch_size=batch_size, name=name,
+                                    job_timeout=job_timeout, **shutdown_options(ctx, shutdown_timeout))
+                return
             try:
                 built = Worker(
                     engine, repository, registry, queues=list(queues) or "default", concurrency=concurrency,
@@ -111,10 +123,39 @@ def _run_registry(
         engine.dispose()
 
 
-def _run(built: Worker) -> None:
+def _run(built: Any) -> None:
+    """Run a Worker, or an AsyncWorker in an event loop of its own; print its result line."""
     log.info("worker %s serving %s in %s mode", built.name, ", ".join(built.queues), built.mode)
     try:
-        result = built.run()
+        result = built.run() if isinstance(built, Worker) else run_in_event_loop(built.run())
     except WorkerStuckError as exc:  # exit non-zero, so that the supervisor starts a fresh process
         raise CliError(str(exc)) from None
     click.echo(result_line(result))
+
+
+def _is_async_worker(value: object) -> bool:
+    # Looked up, not imported: a factory that made an AsyncWorker imported it already.
+    module = sys.modules.get("sa_jobqueue.aio.worker")
+    return module is not None and isinstance(value, module.AsyncWorker)
+
+
+def _run_async_registry(engine: Engine, repository: Any, registry: TaskRegistry, **options: Any) -> None:
+    """The asyncio worker on an async engine of the same URL (psycopg's async
+    driver unless the URL names asyncpg), the sync engine for sync handlers."""
+    from sqlalchemy.ext.asyncio import create_async_engine  # only here: the sync CLI never imports asyncio support
+
+    from ..aio import AsyncWorker
+
+    connect_args = {"connect_timeout": CONNECT_TIMEOUT} if engine.url.get_driver_name() == "psycopg" else {}
+    # Async handlers that take a session hold one each while they run: the
+    # worker lets at most this many do so at once (its max_sessions).
+    async_engine = create_async_engine(engine.url, connect_args=connect_args,
+                                       pool_size=min(options["concurrency"], 20), max_overflow=0)
+    try:
+        built = AsyncWorker(async_engine, repository, registry, sync_bind=engine, **options)
+    except JobQueueError as exc:
+        raise CliUsageError(str(exc)) from None
+    try:
+        _run(built)
+    finally:
+        run_in_event_loop(async_engine.dispose())

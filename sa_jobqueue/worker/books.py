@@ -52,6 +52,10 @@ class Held:
     connecting_since: float | None = None  # monotonic, while its session waits for a connection
     gave_up: bool = False  # its session stalled connecting: handed back, its thread replaced
     finished: bool = False  # its slot thread is done with it
+    # The asyncio worker: the task running its coroutine handler, while the
+    # handler runs (cancelled at its deadline, on a cancel request, at stop).
+    task: Any = None
+    interrupted: bool = False  # the asyncio worker stopped while it ran: its coroutine was cancelled
     # Held by the slot thread while it ends the job's session, and by the
     # watch while it cancels the session's statement: the backend is the
     # job's for as long as the lock is held.

@@ -5,7 +5,7 @@ its completion need not be a transaction of its own either. The completer
 buffers such completions and writes them as one fenced statement per table
 (:meth:`JobRepository.complete_many`): when ``max_size`` are waiting (the
 slot thread that fills the buffer writes it, so the worker's loop keeps
-claiming meanwhile), ``max_delay`` after the first one (the loop writes
+claiming meanwhile; in the asyncio worker, the loop), ``max_delay`` after the first one (the loop writes
 it), and always before the worker stops.
 
 A job counts as completed only once its flush has committed; until then it
@@ -52,8 +52,12 @@ class Completer:
         retry_delay: float = 0.1,
         max_retry_delay: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        write_when_full: bool = True,
     ) -> None:
         self.books = books
+        # False (the asyncio worker): add() never writes; the loop writes
+        # when due() says so, since add() runs outside SQLAlchemy's greenlet.
+        self.write_when_full = write_when_full
         self.control = control
         self.sender = sender
         self.name = name
@@ -76,7 +80,7 @@ class Completer:
                 self._first_at = self.clock()
             self._entries.append((repo, job, duration))
             full = len(self._entries) >= self.max_size and not self._failures
-        if full:
+        if full and self.write_when_full:
             self.flush()
 
     def __len__(self) -> int:

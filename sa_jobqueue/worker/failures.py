@@ -66,7 +66,7 @@ def refuse_awaitable(value: object) -> None:
             close()
         raise HandlerReturnedAwaitable(
             f"the handler returned {type(value).__name__}, an awaitable this worker cannot run; "
-            "an async handler needs the asyncio worker"
+            "an async def handler needs sa_jobqueue.aio.AsyncWorker"
         )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 from sqlalchemy import func, select
 
@@ -35,6 +35,7 @@ from .context import WorkerContext
 from .deadlines import check_stuck, grace
 from .executor import JobExecutor, hand_back
 from .failures import record_failure, timeout_failure
+from .heartbeat import heartbeat, request_cancel
 from .options import CLAIMERS
 from .slots import Slots
 
@@ -104,24 +105,7 @@ class LeaseMode:
 
     def heartbeat(self) -> None:
         """Extend the leases of the held jobs; learn of lost leases and cancel requests."""
-        ctx = self.ctx
-        held = ctx.books.held()
-        for repo in ctx.repositories:
-            mine = [h for h in held if h.repo is repo]
-            if not mine:
-                continue
-            try:
-                with ctx.control() as session:
-                    report = repo.extend_leases(session, [h.job for h in mine], lease=ctx.options.lease)
-            except Exception:
-                log.exception("worker %s: heartbeat failed", ctx.name)
-                continue
-            for h in mine:
-                if h.job.id not in report.owned and ctx.books.holds(h.job):
-                    log.warning("worker %s: lost the lease of job %s (%s); its completion will be refused",
-                                ctx.name, h.job.id, h.job.task)
-                elif h.job.id in report.cancel_requested:
-                    self.cancel(h)
+        heartbeat(self.ctx, self.cancel)
 
     def cancel_notified(self, job_id: int) -> None:
         held = self.ctx.books.by_id(job_id)
@@ -130,14 +114,7 @@ class LeaseMode:
 
     def cancel(self, held: Held) -> None:
         """A cancel was asked for ``held``: tell the job; it ends cancelled when its handler returns."""
-        if held.cancel_requested:
-            return
-        held.cancel_requested = True
-        try:
-            held.job.cancel_requested_at = datetime.now(timezone.utc)
-        except AttributeError:  # pragma: no cover - a snapshot without the column
-            pass
-        log.info("worker %s: job %s (%s): cancel requested", self.ctx.name, held.job.id, held.job.task)
+        request_cancel(self.ctx, held)
 
     def watch(self, now: float) -> None:
         """Time out held jobs past their deadline; give up on slots stuck past the grace;

@@ -40,6 +40,7 @@ from ..listener import Listener
 from ..periodic import PeriodicScheduler
 from ..registry import TaskRegistry
 from ..repository import DEFAULT_LEASE, JobRepository, check_repositories, default_worker_name
+from ..task import refuse_async_tasks
 from ..watchdog import Watchdog
 from .books import Books, WorkerResult
 from .completer import Completer
@@ -88,6 +89,7 @@ class Worker:
         repos = check_repositories(repositories)
         if not isinstance(tasks, TaskRegistry):
             raise InvalidArgumentError("tasks", "must be a TaskRegistry")
+        refuse_async_tasks(tasks)
         self.options = WorkerOptions.check(
             queues=queues, concurrency=concurrency, mode=mode, lease=lease, heartbeat_interval=heartbeat_interval,
             reap_interval=reap_interval, poll_interval=poll_interval, listen=listen, batch_size=batch_size,

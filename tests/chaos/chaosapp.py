@@ -1,11 +1,14 @@
 """The application the fault suite runs: a job table, an effects ledger, the
 handlers, and a CLI that runs one worker process.
 
-    python tests/chaos/chaosapp.py work URL --mode lease --concurrency 4 --lease 3 [--no-listen] [--pgbouncer]
+    python tests/chaos/chaosapp.py work URL --mode lease|transaction|aio_psycopg|aio_asyncpg --concurrency 4 --lease 3
+        [--no-listen] [--pgbouncer]
         [--batch-size N] [--pool-size N --max-overflow N --pool-timeout S | --null-pool] [--log-level INFO]
     python tests/chaos/chaosapp.py produce URL --producer N --seconds 20 --keys 60 --per-call 12
 
 The worker runs until SIGTERM/SIGINT, then prints its WorkerResult as JSON.
+Modes ``aio_psycopg`` and ``aio_asyncpg`` run the asyncio worker on that
+driver, with ``async def`` handlers that do what the sync ones do.
 ``--pool-size``, ``--max-overflow`` and ``--pool-timeout`` size the
 application's engine (the jobs' sessions); by default it has
 ``concurrency + 1`` connections, 2 more at peaks, and waits 30 s for one;
@@ -202,7 +205,59 @@ def make_engine(url: str, *, concurrency: int, pgbouncer: bool, pool_size: int |
     )
 
 
+async_tasks = TaskRegistry()
+
+
+async def _run_async(job: ChaosJob, session: Any) -> None:
+    """``_run`` in an async def handler, on the job's AsyncSession."""
+    import asyncio
+
+    _record_start(job)
+    await asyncio.sleep(float(job.payload.get("sleep", 0)))
+    if job.attempts <= int(job.payload.get("fail", 0)):
+        raise RuntimeError(f"planned failure at attempt {job.attempts}")
+    session.add(Effect(job_id=job.id, attempt=job.attempts, pid=os.getpid()))
+    await session.flush()
+
+
+async_tasks.register("effect", _run_async, retry=FAST, max_attempts=MAX_ATTEMPTS)
+async_tasks.register("storm", _run_async, retry=STORM, max_attempts=MAX_ATTEMPTS)
+
+
+def _work_async(args: argparse.Namespace, driver: str) -> None:
+    """The asyncio worker (modes aio_psycopg, aio_asyncpg), with the connection settings of connect_args."""
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from sa_jobqueue.aio import AsyncWorker
+
+    name = f"chaos-worker-{os.getpid()}"
+    if driver == "psycopg":
+        options: dict[str, Any] = connect_args(pgbouncer=False, application_name=name)
+    else:  # asyncpg: its own names; it has no TCP keepalive settings
+        options = {"timeout": 5, "server_settings": {"application_name": name,
+                                                     "idle_in_transaction_session_timeout": "20s"}}
+    url = psycopg_url(args.url).set(drivername=f"postgresql+{driver}")
+
+    async def main() -> dict[str, Any]:
+        engine = create_async_engine(url, pool_size=args.concurrency + 1, max_overflow=2, pool_pre_ping=True,
+                                     connect_args=options)
+        worker = AsyncWorker(engine, jobs, async_tasks, concurrency=args.concurrency,
+                             lease=timedelta(seconds=args.lease), poll_interval=args.poll, listen=args.listen,
+                             batch_size=args.batch_size)
+        try:
+            return asdict(await worker.run())
+        finally:
+            await engine.dispose()
+
+    print(json.dumps({"pid": os.getpid(), **asyncio.run(main())}), flush=True)
+
+
 def _work(args: argparse.Namespace) -> None:
+    if args.mode.startswith("aio_"):
+        _work_async(args, args.mode.removeprefix("aio_"))
+        return
     engine = make_engine(args.url, concurrency=args.concurrency, pgbouncer=args.pgbouncer,
                          pool_size=args.pool_size, max_overflow=args.max_overflow, pool_timeout=args.pool_timeout,
                          null_pool=args.null_pool)

@@ -32,6 +32,9 @@ from tcpproxy import TcpProxy
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 MODES = ["lease", "transaction"]
+# The asyncio worker on each driver, in the scenarios that apply to it (its
+# handlers are async def; asyncpg has no TCP keepalive settings for the proxy scenarios).
+AIO_MODES = ["aio_psycopg", "aio_asyncpg"]
 JOBS = int(os.environ.get("CHAOS_JOBS", "2000"))
 MakeRun = Callable[..., Run]
 GLOBAL_FAULTS = {"restart", "cut (reset)", "half-open"}
@@ -65,7 +68,7 @@ def _listeners_back(run: Run) -> list[str]:
     return [f"only {run.listeners_since(since)} of {len(run.live_workers())} listeners connected after the faults"]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + AIO_MODES)
 def test_sigkill_random_workers_during_a_drain(make_run: MakeRun, mode: str) -> None:
     """SIGKILL a random worker at every tenth of the drain (10% to 80%) and start a new one."""
     run = make_run("sigkill", mode, jobs=JOBS)
@@ -82,7 +85,7 @@ def test_sigkill_random_workers_during_a_drain(make_run: MakeRun, mode: str) -> 
     _drain(run, inject)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + AIO_MODES)
 def test_postgres_restart_mid_drain(make_run: MakeRun, mode: str) -> None:
     """Two fast-shutdown restarts (at 25% and 60% of the drain); the same
     worker processes reconnect, listeners included, and finish the work."""
@@ -99,7 +102,7 @@ def test_postgres_restart_mid_drain(make_run: MakeRun, mode: str) -> None:
     _drain(run, inject, _listeners_back)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + AIO_MODES)
 def test_pg_terminate_backend_of_workers_and_listeners(make_run: MakeRun, mode: str) -> None:
     """pg_terminate_backend() on a random worker or listener connection every 0.2-0.6 s."""
     run = make_run("terminate_backend", mode, jobs=JOBS)
@@ -202,7 +205,7 @@ def _slow_payload(lease: float) -> Callable[[int, random.Random], tuple[str, dic
     return payload
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + AIO_MODES)
 def test_handlers_slower_than_the_lease_and_a_frozen_worker(make_run: MakeRun, mode: str) -> None:
     """Slow jobs (1.5 leases) keep their lease by heartbeats: a live worker's
     job is never reaped. Twice, a worker is frozen (SIGSTOP) in the middle of
@@ -223,7 +226,7 @@ def test_handlers_slower_than_the_lease_and_a_frozen_worker(make_run: MakeRun, m
                 found = run.recent_start(0.5, lambda p: bool(p.get("slow")))
             job_id, pid = found
             since = run.freeze(pid)
-            if mode == "lease":
+            if mode != "transaction":  # lease mode, in either worker
                 deadline = time.monotonic() + 60
                 while not run.query("SELECT 1 FROM chaos_effects WHERE job_id = %s", (job_id,)):
                     if time.monotonic() > deadline or not run.pause(0.1):
@@ -246,13 +249,13 @@ def test_handlers_slower_than_the_lease_and_a_frozen_worker(make_run: MakeRun, m
         return problems
 
     _drain(run, inject, checks)
-    if mode == "lease":
+    if mode != "transaction":  # lease mode, in either worker
         # Each frozen worker's stale completion was refused by the fence.
         frozen_results = {pid: run.results.get(pid, {}).get("lost", 0) for _, pid in stale}
         assert stale and all(n >= 1 for n in frozen_results.values()), frozen_results
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + AIO_MODES)
 def test_retry_storm(make_run: MakeRun, mode: str) -> None:
     """Every job fails 3 times, retried at once, then succeeds on its 4th attempt."""
     fails = 3

@@ -1,4 +1,4 @@
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from sa_jobqueue import TaskRegistry
 from sa_jobqueue.aio import AsyncJobRepository
@@ -10,7 +10,7 @@ tasks = TaskRegistry()
 
 
 @tasks.task
-def send_welcome(job: EmailJob, session: Session) -> None:
-    user = session.get(User, job.payload["user_id"])
+async def send_welcome(job: EmailJob, session: AsyncSession) -> None:
+    user = await session.get(User, job.payload["user_id"])
     print(f"sending the welcome email to {user.email}", flush=True)  # at least once: be idempotent
     user.welcomed = True  # commits with the job's completion: exactly once

@@ -1,3 +1,5 @@
+import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -7,8 +9,10 @@ from pydantic import BaseModel
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from sa_jobqueue.aio import AsyncWorker
+
 from .db import engine, get_session
-from .jobs import emails
+from .jobs import emails, tasks
 from .models import Base, User
 
 
@@ -16,7 +20,15 @@ from .models import Base, User
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     async with engine.begin() as conn:
         await conn.run_sync(Base.metadata.create_all)  # a real app runs its Alembic migrations instead
-    yield
+    if os.environ.get("WORKER_IN_APP") != "1":
+        yield  # the jobs run in worker.py, a process of its own
+    else:
+        # Small deployments: the jobs run in the web process, on its event loop.
+        worker = AsyncWorker(engine, emails, tasks, queues=["signup"], concurrency=10)
+        running = asyncio.create_task(worker.run(handle_signals=False))  # uvicorn owns the signals
+        yield
+        worker.stop()  # hands back what did not start, lets running jobs finish (shutdown_timeout)
+        await running
     await engine.dispose()
 
 

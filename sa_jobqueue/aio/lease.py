@@ -1,0 +1,219 @@
+"""The asyncio worker's lease mode: claims, the watch over held jobs, stopping.
+
+As in the thread worker (:mod:`sa_jobqueue.worker.lease`), claims commit
+at once on the worker's own autocommit connections, up to CLAIMERS in
+flight (CLAIMERS); each claimed job is held (its lease extended by the heartbeat)
+and runs as a task of its own (:class:`~sa_jobqueue.aio.slots.JobSlots`).
+The claim, heartbeat and hand-back statements are the thread worker's own
+steps, run through :func:`~sa_jobqueue.aio.bridge.in_greenlet`.
+
+What happens to a held job from outside its task:
+
+* its deadline passes: the lease is no longer extended, the coroutine is
+  cancelled, its statement on the server too (``pg_cancel_backend``, for a
+  sync handler in a thread, whose Python code cannot be interrupted), and
+  the failure is recorded ("timed out after N s");
+* a cancel is asked for from another process (at the heartbeat, or at once
+  through NOTIFY): the job is told and its coroutine cancelled; it ends
+  ``cancelled``;
+* a stop: the jobs claimed but not started are handed back at once,
+  fenced, their attempt not spent; at the ``shutdown_timeout`` the
+  coroutines still running are cancelled, each recorded as an interrupted
+  attempt (:mod:`~sa_jobqueue.aio.executor`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .. import signals
+from ..errors import JobLostError
+from ..worker.books import Held
+from ..worker.context import WorkerContext
+from ..worker.executor import hand_back
+from ..worker.failures import record_failure, timeout_failure
+from ..worker.heartbeat import heartbeat, request_cancel
+from .bridge import in_greenlet
+from .executor import AsyncJobExecutor, cancel_backend
+from .slots import JobSlots
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+__all__ = ["AsyncLeaseMode"]
+
+
+class AsyncLeaseMode:
+    """The lease-mode strategy of the asyncio worker's loop."""
+
+    def __init__(self, ctx: WorkerContext, executor: AsyncJobExecutor, wake: Callable[[], None]) -> None:
+        self.ctx = ctx
+        self.executor = executor
+        self.wake = wake
+        self.slots = JobSlots(ctx.options.concurrency, executor.run, on_done=self._slot_done)
+        self.claiming: set[asyncio.Task[bool]] = set()
+        self._hits = self._misses = 0
+        self._timing_out: set[asyncio.Task[Any]] = set()
+
+    # -- the loop's step -----------------------------------------------------
+
+    def step(self, now: float, *, listening: bool, until_empty: bool) -> bool:
+        """Take results, send the claims the pacer asks for; True when drained (until_empty)."""
+        pacer = self.ctx.pacer
+        hits, misses, self._hits, self._misses = self._hits, self._misses, 0, 0
+        claiming = len(self.claiming)
+        ran, held = self.slots.take_results()
+        pacer.results(now, hits=hits, misses=misses, claiming=claiming, ran=ran, listening=listening)
+        for ask in pacer.claims(now, held=held, claiming=claiming):
+            pacer.claim_sent(ask)
+            claim = asyncio.get_running_loop().create_task(self._claim_into(ask), name="sa_jobqueue-claim")
+            self.claiming.add(claim)
+        busy = bool(held or self.claiming or len(self.ctx.completer) or self._timing_out)
+        return until_empty and pacer.drained(busy=busy)
+
+    def _slot_done(self) -> None:
+        self.wake()
+
+    async def _claim_into(self, ask: int) -> bool:
+        ctx, got = self.ctx, 0
+        try:
+            for repo in ctx.rotation():
+                if got >= ask:
+                    break
+                jobs = await in_greenlet(self._claim, repo, ask - got)
+                got += len(jobs)  # committed: ours now
+                for job in jobs:
+                    self.slots.submit(ctx.books.hold(repo, job))
+        except Exception:
+            log.exception("worker %s: claim failed; retrying after a pause", ctx.name)
+            ctx.back_off()
+        finally:
+            ctx.pacer.claim_ended(ask, got)
+            if got:
+                self._hits += 1
+            else:
+                self._misses += 1
+            current = asyncio.current_task()
+            if current is not None:
+                self.claiming.discard(current)
+            self.wake()
+        return got > 0
+
+    def _claim(self, repo: Any, limit: int) -> list[Any]:
+        ctx = self.ctx
+        with ctx.control() as session:
+            jobs: list[Any] = repo.claim(session, queues=ctx.options.queues, limit=limit, worker=ctx.name,
+                                         lease=ctx.options.lease)
+        return jobs
+
+    # -- duties on held jobs ---------------------------------------------------
+
+    async def heartbeat(self) -> bool:
+        await in_greenlet(heartbeat, self.ctx, self.cancel)
+        return False
+
+    def cancel_notified(self, job_id: int) -> None:
+        held = self.ctx.books.by_id(job_id)
+        if held is not None:
+            self.cancel(held)
+
+    def cancel(self, held: Held) -> None:
+        """A cancel was asked for ``held``: tell the job and cancel its coroutine."""
+        if request_cancel(self.ctx, held) and held.task is not None:
+            held.task.cancel()
+
+    def watch(self, now: float) -> float:
+        """Time out the held jobs past their deadline; return the next deadline (monotonic, or inf)."""
+        again = self.ctx.take_hand_backs()
+        if again:
+            self._spawn(self._hand_back(again))
+        next_due = float("inf")
+        for held in self.ctx.books.held():
+            if held.deadline is None or held.finished or held.timed_out:
+                continue
+            if now < held.deadline:
+                next_due = min(next_due, held.deadline)
+            else:
+                held.timed_out = True  # here, not in the task: the next watch must not time it out again
+                self._spawn(self._time_out(held))
+        return next_due
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._timing_out.add(task)
+        task.add_done_callback(self._timing_out.discard)
+
+    async def _hand_back(self, held: list[Held]) -> None:
+        await in_greenlet(hand_back, self.ctx, held)
+
+    async def _time_out(self, held: Held) -> None:
+        ctx, job = self.ctx, held.job
+        ctx.books.release(job)  # no more heartbeats: the lease runs out even if all else fails
+        if held.task is not None:
+            held.task.cancel()  # the executor cancels its statement on the server too
+        elif held.backend_pid is not None:
+            # A sync handler in a thread: its statement on the server is all that can be cancelled.
+            await cancel_backend(ctx, held.backend_pid)
+        if held.cancel_requested:
+            await in_greenlet(self.executor.steps.finish_cancelled, held)
+            return
+        task = ctx.tasks.get(job.task)
+        assert task is not None and held.started is not None and held.deadline is not None
+        seconds = held.deadline - held.started
+        log.error("worker %s: job %s (%s) timed out after %g s", ctx.name, job.id, job.task, seconds)
+        try:
+            outcome = await in_greenlet(self._record_timeout, held, task, seconds)
+        except JobLostError:
+            return  # it finished (or was reaped) meanwhile
+        except Exception:
+            log.exception("worker %s: recording the timeout of job %s failed; its lease will expire",
+                          ctx.name, job.id)
+            return
+        ctx.books.count(outcome)
+        signals.send_failure(ctx.sender, job, None, outcome, seconds)
+
+    def _record_timeout(self, held: Held, task: Any, seconds: float) -> str:
+        with self.ctx.control() as session:
+            return record_failure(session, held.repo, held.job, timeout_failure(task, seconds))
+
+    # -- stopping ----------------------------------------------------------------
+
+    async def stop_claiming(self, until: float) -> None:
+        """Wait for the claims in flight, then hand back at once the jobs not started
+        (those in the ready queue, and those waiting for a session)."""
+        loop = asyncio.get_running_loop()
+        if self.claiming:
+            await asyncio.wait(set(self.claiming), timeout=max(0.0, until - loop.time()))
+        unstarted = self.slots.take_unstarted()
+        for task, held in list(self.slots.running.items()):
+            if held.started is None and held.connecting_since is not None:
+                task.cancel()  # waiting for a session: it hands itself back
+        if unstarted:
+            count = await in_greenlet(hand_back, self.ctx, unstarted)
+            log.info("worker %s: handed back %s claimed job(s) not started: %s", self.ctx.name, count,
+                     ", ".join(str(h.job.id) for h in unstarted))
+
+    def interrupt(self) -> int:
+        """The shutdown timeout passed: cancel the coroutines still running; return how many."""
+        count = 0
+        for held in list(self.slots.running.values()):
+            if held.task is not None and not held.finished:
+                held.interrupted = True
+                held.task.cancel()
+                count += 1
+        return count
+
+    def abort(self) -> None:
+        """A second stop request: cancel every job's task; nothing more is recorded."""
+        for task in list(self.slots.running):
+            task.cancel()
+        for claim in list(self.claiming):
+            claim.cancel()
+
+    def describe_running(self) -> str:
+        running = [h for h in self.ctx.books.held() if h.started is not None and not h.finished]
+        return (f"{len(running)} job(s) still running, left to their lease: "
+                + ", ".join(f"{h.job.id} ({h.job.task})" for h in running))
+

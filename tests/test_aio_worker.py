@@ -1,0 +1,503 @@
+"""AsyncWorker (sa_jobqueue.aio), on both async drivers: async and sync
+handlers, the job's AsyncSession committing exactly once with the fenced
+completion, batched completions, deadlines and cancels that cancel the
+coroutine (and its statement), graceful and immediate stops, wake-ups by
+NOTIFY, heartbeats, periodic jobs, logs with job context, bad options."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from jobapp import Ledger, TaskJob
+from sqlalchemy import Engine, delete, func, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session
+
+from sa_jobqueue import InvalidArgumentError, RetryPolicy, TaskRegistry, Worker, create_periodic_table, signals
+from sa_jobqueue.aio import AsyncJobRepository, AsyncWorker
+from sa_jobqueue.default import Job
+from sa_jobqueue.logs import JobLogFilter
+from sa_jobqueue.periodic import PERIODIC
+from sa_jobqueue.urls import psycopg_url
+
+pytestmark = pytest.mark.anyio
+
+jobs = AsyncJobRepository(TaskJob)
+
+
+@pytest.fixture
+def sessions(async_engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(async_engine, expire_on_commit=False)
+
+
+async def _enqueue(sessions: async_sessionmaker[AsyncSession], task: str, n: int = 1, **options: Any) -> list[int]:
+    async with sessions.begin() as session:
+        return [(await jobs.enqueue(session, task, **options)).id for _ in range(n)]
+
+
+def _statuses(engine: Engine) -> dict[str, int]:
+    with Session(engine) as session:
+        rows = session.execute(select(TaskJob.status, func.count()).group_by(TaskJob.status)).all()
+    return {status: int(count) for status, count in rows}
+
+
+def _row(engine: Engine, job_id: int) -> TaskJob | None:
+    with Session(engine) as session:
+        return session.get(TaskJob, job_id)
+
+
+def _ledger(engine: Engine) -> list[int]:
+    with Session(engine) as session:
+        return sorted(session.scalars(select(Ledger.job_id)))
+
+
+async def _until(predicate: Any, timeout: float, what: str) -> None:
+    """Wait for ``predicate()`` (sync or async) with a timeout, yielding to the loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[list[asyncio.Task[Any]]]:
+    """Worker runs started by a test, stopped at once at its end whatever happened."""
+    started: list[asyncio.Task[Any]] = []
+    yield started
+    for task in started:
+        if not task.done():
+            task.cancel()
+    for task in started:
+        try:
+            await asyncio.wait_for(task, 30)
+        except BaseException:  # noqa: S110 - cancelled or failed: the test reports its own failure
+            pass
+
+
+def _start(worker: AsyncWorker, running: list[asyncio.Task[Any]]) -> asyncio.Task[Any]:
+    task = asyncio.get_running_loop().create_task(worker.run(handle_signals=False))
+    running.append(task)
+    return task
+
+
+# -- handlers and their sessions ---------------------------------------------------
+
+
+async def test_async_and_sync_handlers_run_and_session_writes_commit_exactly_once_with_the_completion(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine
+) -> None:
+    registry = TaskRegistry()
+    in_threads: set[str] = set()
+
+    @registry.task
+    async def plain(job: TaskJob) -> None:
+        await asyncio.sleep(0.01)
+
+    @registry.task
+    async def writes(job: TaskJob, session: AsyncSession) -> None:
+        session.add(Ledger(job_id=job.id, note="async"))
+
+    @registry.task
+    def sync_plain(job: TaskJob) -> None:
+        in_threads.add(threading.current_thread().name)
+
+    @registry.task
+    def sync_writes(job: TaskJob, session: Session) -> None:
+        assert isinstance(session, Session)
+        session.add(Ledger(job_id=job.id, note="sync"))
+
+    written = await _enqueue(sessions, "writes", 30) + await _enqueue(sessions, "sync_writes", 10)
+    await _enqueue(sessions, "plain", 30)
+    await _enqueue(sessions, "sync_plain", 10)
+    worker = AsyncWorker(async_engine, jobs, registry, concurrency=20, threads=2, sync_bind=engine, listen=False,
+                         poll_interval=0.05)
+    result = await worker.run(until_empty=True)
+    assert result.completed == 80 and result.retried == result.dead == result.lost == 0
+    assert _statuses(engine) == {}  # the table keeps no finished jobs
+    assert _ledger(engine) == sorted(written)
+    assert in_threads and all(name.startswith("sa_jobqueue-sync") for name in in_threads)
+
+
+async def test_a_failing_async_handler_rolls_back_its_writes_and_retries_then_goes_dead(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine
+) -> None:
+    registry = TaskRegistry()
+
+    @registry.task(max_attempts=2, retry=RetryPolicy(base=timedelta(0), jitter=0.0))
+    async def fails(job: TaskJob, session: AsyncSession) -> None:
+        session.add(Ledger(job_id=job.id))
+        await session.flush()
+        raise ValueError(f"attempt {job.attempts}")
+
+    (job_id,) = await _enqueue(sessions, "fails")
+    result = await AsyncWorker(async_engine, jobs, registry, listen=False, poll_interval=0.05).run(until_empty=True)
+    assert result.retried == 1 and result.dead == 1 and result.completed == 0
+    row = _row(engine, job_id)
+    assert row is not None and row.status == "dead" and row.attempts == 2
+    assert row.last_error is not None and "ValueError: attempt 2" in row.last_error
+    assert _ledger(engine) == []
+
+
+async def test_a_sync_handler_that_takes_a_session_needs_a_sync_bind(async_engine: AsyncEngine) -> None:
+    registry = TaskRegistry()
+
+    @registry.task
+    def sync_writes(job: TaskJob, session: Session) -> None:
+        pass
+
+    with pytest.raises(InvalidArgumentError) as raised:
+        AsyncWorker(async_engine, jobs, registry)
+    assert raised.value.parameter == "sync_bind" and "sync_writes" in str(raised.value)
+
+
+async def test_the_thread_worker_refuses_a_registry_with_async_handlers(engine: Engine) -> None:
+    registry = TaskRegistry()
+
+    @registry.task
+    async def send(job: TaskJob) -> None:
+        pass
+
+    with pytest.raises(InvalidArgumentError) as raised:
+        Worker(engine, jobs.sync, registry)
+    assert raised.value.parameter == "tasks" and "AsyncWorker" in str(raised.value) and "send" in str(raised.value)
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("concurrency", 0), ("threads", 0), ("max_sessions", -1), ("queues", ""), ("poll_interval", -1.0),
+    ("shutdown_timeout", -1), ("job_timeout", 0), ("sync_bind", "postgresql://"), ("batch_size", 0),
+])
+async def test_bad_options_raise_naming_the_option(async_engine: AsyncEngine, option: str, value: Any) -> None:
+    with pytest.raises(InvalidArgumentError) as raised:
+        AsyncWorker(async_engine, jobs, TaskRegistry(), **{option: value})
+    assert raised.value.parameter == option
+
+
+async def test_bad_binds_and_repositories_raise_naming_them(engine: Engine, async_engine: AsyncEngine) -> None:
+    with pytest.raises(InvalidArgumentError) as raised:
+        AsyncWorker(engine, jobs, TaskRegistry())  # type: ignore[arg-type]
+    assert raised.value.parameter == "bind"
+    with pytest.raises(InvalidArgumentError) as raised:
+        AsyncWorker(async_sessionmaker(), jobs, TaskRegistry())
+    assert raised.value.parameter == "bind"
+    with pytest.raises(InvalidArgumentError) as raised:
+        AsyncWorker(async_engine, [], TaskRegistry())
+    assert raised.value.parameter == "repositories"
+    with pytest.raises(InvalidArgumentError) as raised:
+        AsyncWorker(async_engine, jobs, {})  # type: ignore[arg-type]
+    assert raised.value.parameter == "tasks"
+
+
+# -- deadlines and cancels -----------------------------------------------------------
+
+
+async def test_a_deadline_cancels_the_coroutine_and_its_statement_and_nothing_commits(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine
+) -> None:
+    registry = TaskRegistry()
+    ended: list[str] = []
+
+    @registry.task(timeout=0.5, max_attempts=1)
+    async def slow(job: TaskJob, session: AsyncSession) -> None:
+        session.add(Ledger(job_id=job.id))
+        await session.flush()
+        try:
+            await session.execute(text("SELECT pg_sleep(60)"))
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    (job_id,) = await _enqueue(sessions, "slow")
+    result = await AsyncWorker(async_engine, jobs, registry, listen=False, poll_interval=0.05).run(until_empty=True)
+    assert ended == ["cancelled"]
+    assert result.dead == 1 and result.completed == 0
+    row = _row(engine, job_id)
+    assert row is not None and row.status == "dead" and row.last_error == "timed out after 0.5 s"
+    assert _ledger(engine) == []
+
+    def sleeping() -> int:
+        with engine.connect() as conn:
+            return int(conn.scalar(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'"
+            )) or 0)
+
+    await _until(lambda: sleeping() == 0, 30, "the server to end the job's statement")
+
+
+async def test_a_cancel_from_another_process_cancels_the_coroutine_and_its_writes_never_commit(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine,
+    running: list[asyncio.Task[Any]],
+) -> None:
+    registry = TaskRegistry()
+    started = asyncio.Event()
+    seen: list[str] = []
+
+    @registry.task
+    async def waits(job: TaskJob, session: AsyncSession) -> None:
+        session.add(Ledger(job_id=job.id))
+        await session.flush()
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    (job_id,) = await _enqueue(sessions, "waits")
+    worker = AsyncWorker(async_engine, jobs, registry, poll_interval=0.05, heartbeat_interval=timedelta(seconds=30))
+    task = _start(worker, running)
+    await asyncio.wait_for(started.wait(), 60)
+    with Session(engine) as session, session.begin():  # another process's cancel: a commit and its NOTIFY
+        assert jobs.sync.cancel(session, job_id) is True
+    await _until(lambda: (_row(engine, job_id) or TaskJob()).status == "cancelled", 60, "the job to end cancelled")
+    worker.stop()
+    result = await asyncio.wait_for(task, 60)
+    assert seen == ["cancelled"] and result.cancelled == 1 and result.completed == 0
+    assert _ledger(engine) == []
+
+
+# -- stopping ----------------------------------------------------------------------
+
+
+async def test_a_stop_hands_back_unstarted_jobs_and_lets_running_ones_finish(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine,
+    running: list[asyncio.Task[Any]],
+) -> None:
+    registry = TaskRegistry()
+    started: list[int] = []
+    release = asyncio.Event()
+
+    @registry.task
+    async def gated(job: TaskJob, session: AsyncSession) -> None:
+        started.append(job.id)
+        await release.wait()
+        session.add(Ledger(job_id=job.id))
+
+    ids = await _enqueue(sessions, "gated", 6)
+    # Claims of 6 into 2 slots: four claimed jobs wait, unstarted.
+    worker = AsyncWorker(async_engine, jobs, registry, concurrency=2, batch_size=6, listen=False, poll_interval=0.05)
+    task = _start(worker, running)
+    await _until(lambda: len(started) == 2, 60, "two jobs to start")
+    worker.stop()
+    await _until(lambda: _statuses(engine).get("pending") == 4, 60, "the unstarted jobs to be handed back")
+    release.set()
+    result = await asyncio.wait_for(task, 60)
+    assert result.completed == 2 and result.handed_back == 4
+    assert _ledger(engine) == sorted(started)
+    with Session(engine) as session:
+        pending = session.scalars(select(TaskJob).where(TaskJob.status == "pending")).all()
+    assert sorted(j.id for j in pending) == sorted(set(ids) - set(started))
+    assert all(j.attempts == 0 and j.locked_by is None for j in pending)  # their attempt not spent
+
+
+async def test_past_the_shutdown_timeout_running_coroutines_are_cancelled_and_their_attempt_recorded(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine,
+    running: list[asyncio.Task[Any]],
+) -> None:
+    registry = TaskRegistry()
+    started = asyncio.Event()
+
+    @registry.task
+    async def endless(job: TaskJob, session: AsyncSession) -> None:
+        session.add(Ledger(job_id=job.id))
+        await session.flush()
+        started.set()
+        await asyncio.sleep(3600)
+
+    (job_id,) = await _enqueue(sessions, "endless")
+    worker = AsyncWorker(async_engine, jobs, registry, listen=False, poll_interval=0.05, shutdown_timeout=0.3)
+    task = _start(worker, running)
+    await asyncio.wait_for(started.wait(), 60)
+    worker.stop()
+    result = await asyncio.wait_for(task, 60)
+    assert result.retried == 1 and result.completed == 0
+    row = _row(engine, job_id)
+    assert row is not None and row.status == "pending" and row.attempts == 1 and row.locked_by is None
+    assert row.last_error is not None and row.last_error.startswith("interrupted: the worker")
+    assert _ledger(engine) == []
+
+
+async def test_a_stop_now_returns_without_waiting_and_commits_nothing(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine,
+    running: list[asyncio.Task[Any]],
+) -> None:
+    registry = TaskRegistry()
+    started = asyncio.Event()
+
+    @registry.task
+    async def endless(job: TaskJob, session: AsyncSession) -> None:
+        session.add(Ledger(job_id=job.id))
+        await session.flush()
+        started.set()
+        await asyncio.sleep(3600)
+
+    (job_id,) = await _enqueue(sessions, "endless")
+    worker = AsyncWorker(async_engine, jobs, registry, listen=False, poll_interval=0.05, shutdown_timeout=3600)
+    task = _start(worker, running)
+    await asyncio.wait_for(started.wait(), 60)
+    worker.stop()
+    worker.stop(now=True)
+    result = await asyncio.wait_for(task, 60)
+    assert result.completed == 0
+    row = _row(engine, job_id)
+    assert row is not None and row.status == "running"  # left to its lease
+    assert _ledger(engine) == []
+
+
+# -- wake-ups, heartbeats, periodic jobs, logs and signals -------------------------
+
+
+async def test_a_notify_wakes_an_idle_worker_long_before_its_poll(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine,
+    running: list[asyncio.Task[Any]],
+) -> None:
+    registry = TaskRegistry()
+    done = asyncio.Event()
+
+    @registry.task
+    async def ping(job: TaskJob) -> None:
+        done.set()
+
+    worker = AsyncWorker(async_engine, jobs, registry, poll_interval=600)
+    _start(worker, running)
+    # The listener LISTENs before the first probe settles; wait until its session is there.
+    await _until(lambda: _listeners(engine) == 1, 60, "the worker's listener to LISTEN")
+    await _enqueue(sessions, "ping")
+    await asyncio.wait_for(done.wait(), 60)  # the poll is 10 minutes away: only the NOTIFY can do this
+    worker.stop()
+
+
+def _listeners(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.scalar(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sa_jobqueue listener'"
+        )) or 0)
+
+
+async def test_heartbeats_keep_a_long_job_past_its_lease_and_it_completes_once(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine
+) -> None:
+    registry = TaskRegistry()
+
+    @registry.task
+    async def long(job: TaskJob, session: AsyncSession) -> None:
+        await asyncio.sleep(3.0)
+        session.add(Ledger(job_id=job.id))
+
+    (job_id,) = await _enqueue(sessions, "long")
+    worker = AsyncWorker(async_engine, jobs, registry, listen=False, poll_interval=0.05,
+                         lease=timedelta(seconds=1), heartbeat_interval=timedelta(seconds=0.2),
+                         reap_interval=timedelta(seconds=0.2))
+    result = await worker.run(until_empty=True)
+    assert result.completed == 1 and result.lost == 0
+    assert _ledger(engine) == [job_id]
+
+
+async def test_periodic_jobs_are_enqueued_and_run(
+    async_engine: AsyncEngine, engine: Engine, running: list[asyncio.Task[Any]]
+) -> None:
+    create_periodic_table(engine)
+    registry = TaskRegistry()
+    ran: list[int] = []
+
+    @registry.periodic("* * * * * *")  # every second
+    @registry.task
+    async def tick(job: TaskJob) -> None:
+        ran.append(job.id)
+
+    worker = AsyncWorker(async_engine, jobs, registry, poll_interval=0.05, periodic_interval=0.1)
+    task = _start(worker, running)
+    await _until(lambda: len(ran) >= 1, 60, "a periodic tick to run")
+    worker.stop()
+    await asyncio.wait_for(task, 60)
+    with engine.begin() as conn:
+        conn.execute(delete(PERIODIC))
+
+
+async def test_logs_written_in_a_handler_carry_its_job_and_signals_name_the_worker(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = TaskRegistry()
+    log = logging.getLogger("tests.aio.handler")
+
+    @registry.task
+    async def talks(job: TaskJob) -> None:
+        await asyncio.sleep(0.01)
+        log.warning("working on %s", job.id)
+
+    ids = await _enqueue(sessions, "talks", 5)
+    filt = JobLogFilter()
+    caplog.handler.addFilter(filt)
+    seen: list[tuple[Any, str]] = []
+
+    def succeeded(sender: Any, **extra: Any) -> None:
+        seen.append((sender, extra["job"].task))
+
+    signals.job_succeeded.connect(succeeded)
+    try:
+        worker = AsyncWorker(async_engine, jobs, registry, concurrency=5, listen=False, poll_interval=0.05)
+        await worker.run(until_empty=True)
+    finally:
+        signals.job_succeeded.disconnect(succeeded)
+        caplog.handler.removeFilter(filt)
+    records = [r for r in caplog.records if r.name == "tests.aio.handler"]
+    assert sorted(r.getMessage() for r in records) == sorted(f"working on {i}" for i in ids)
+    assert all(r.getMessage() == f"working on {r.job_id}" for r in records)  # type: ignore[attr-defined]
+    assert seen == [(worker, "talks")] * 5
+
+
+async def test_async_handlers_take_an_async_callable_object(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine
+) -> None:
+    class Handler:
+        async def __call__(self, job: TaskJob, session: AsyncSession) -> None:
+            session.add(Ledger(job_id=job.id))
+
+    registry = TaskRegistry()
+    task = registry.register("callable", Handler())
+    assert task.is_async and task.takes_session
+    (job_id,) = await _enqueue(sessions, "callable")
+    result = await AsyncWorker(async_engine, jobs, registry, listen=False, poll_interval=0.05).run(until_empty=True)
+    assert result.completed == 1 and _ledger(engine) == [job_id]
+
+
+
+# -- docs/asyncio.md ------------------------------------------------------------------
+
+
+async def test_the_pages_worker_example_runs_its_handlers(default_table: tuple[str, Engine], async_driver: str) -> None:
+    from test_docs import DOCS, python_blocks, section
+
+    (code,) = python_blocks(section(DOCS / "asyncio.md", "## The asyncio worker"))
+    shown = '"postgresql+asyncpg://app@db.internal/app"'
+    assert code.count(shown) == 1
+    libpq, engine = default_table
+    url = psycopg_url(libpq).set(drivername=f"postgresql+{async_driver}")
+    namespace: dict[str, Any] = {"__name__": "docs_example"}
+    exec(compile(code.replace(shown, repr(url.render_as_string(hide_password=False))), "docs/asyncio.md", "exec"),
+         namespace)
+    emails, example_engine = namespace["emails"], namespace["engine"]
+    try:
+        async with AsyncSession(example_engine) as session, session.begin():
+            welcome = await emails.enqueue(session, "send_welcome", {"user_id": 1}, queue="signup")
+        worker = AsyncWorker(example_engine, emails, namespace["tasks"], queues=["signup"], concurrency=100,
+                             listen=False, poll_interval=0.05)
+        result = await worker.run(until_empty=True)
+    finally:
+        await example_engine.dispose()
+    assert result.completed == 2 and result.retried == result.dead == 0  # the welcome, then the ping it enqueued
+    with Session(engine) as session:
+        assert session.scalar(select(func.count()).select_from(Job)) == 0
+    assert welcome.id is not None
