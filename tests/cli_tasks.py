@@ -8,6 +8,7 @@ and ``make_async_worker`` are the same for the asyncio worker.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 
@@ -53,6 +54,12 @@ async_tasks = TaskRegistry()
 async def record_async(job: Job, session: AsyncSession) -> None:
     """``record`` as an async def handler, on the job's AsyncSession."""
     session.add(Done(job_id=job.id, note=(job.payload or {}).get("note")))
+
+
+@async_tasks.task
+async def hang(job: Job) -> None:
+    """Waits (on the event loop) until the worker cancels it."""
+    await asyncio.Event().wait()
 
 
 def make_async_worker() -> AsyncWorker:

@@ -501,3 +501,91 @@ async def test_the_pages_worker_example_runs_its_handlers(default_table: tuple[s
     with Session(engine) as session:
         assert session.scalar(select(func.count()).select_from(Job)) == 0
     assert welcome.id is not None
+
+
+# -- the connection budget, sync deadlines, metrics -------------------------------------
+
+
+async def test_jobs_holding_a_session_never_exceed_max_sessions(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine
+) -> None:
+    registry = TaskRegistry()
+    holding, most = [0], [0]
+
+    @registry.task
+    async def holds(job: TaskJob, session: AsyncSession) -> None:
+        holding[0] += 1
+        most[0] = max(most[0], holding[0])
+        try:
+            await asyncio.sleep(0.02)
+            session.add(Ledger(job_id=job.id))
+        finally:
+            holding[0] -= 1
+
+    ids = await _enqueue(sessions, "holds", 30)
+    worker = AsyncWorker(async_engine, jobs, registry, concurrency=30, max_sessions=3, listen=False,
+                         poll_interval=0.05)
+    assert worker.max_sessions == 3
+    result = await worker.run(until_empty=True)
+    assert result.completed == 30 and _ledger(engine) == sorted(ids)
+    assert most[0] == 3  # thirty in flight, three with a session at a time
+
+
+async def test_max_sessions_defaults_to_what_the_engines_pool_lends(async_engine: AsyncEngine) -> None:
+    # SQLAlchemy's defaults: pool_size 5 + max_overflow 10.
+    assert AsyncWorker(async_engine, jobs, TaskRegistry(), concurrency=100).max_sessions == 15
+    assert AsyncWorker(async_engine, jobs, TaskRegistry(), concurrency=4).max_sessions == 4
+
+
+async def test_a_sync_handlers_deadline_cancels_its_statement_and_its_late_return_commits_nothing(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine
+) -> None:
+    registry = TaskRegistry()
+
+    @registry.task(timeout=0.5, max_attempts=1)
+    def slow(job: TaskJob, session: Session) -> None:
+        session.add(Ledger(job_id=job.id))
+        session.flush()
+        session.execute(text("SELECT pg_sleep(60)"))  # cancelled on the server at the deadline
+
+    (job_id,) = await _enqueue(sessions, "slow")
+    worker = AsyncWorker(async_engine, jobs, registry, sync_bind=engine, listen=False, poll_interval=0.05)
+    result = await asyncio.wait_for(worker.run(until_empty=True), 50)  # pg_sleep(60) did not run out
+    assert result.dead == 1 and result.completed == 0
+    row = _row(engine, job_id)
+    assert row is not None and row.status == "dead" and row.last_error == "timed out after 0.5 s"
+    assert _ledger(engine) == []
+
+
+async def test_prometheus_counts_what_the_asyncio_worker_did(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from sa_jobqueue.prometheus import JobMetrics
+
+    registry = TaskRegistry()
+
+    @registry.task
+    async def fine(job: TaskJob) -> None:
+        pass
+
+    @registry.task(max_attempts=1)
+    async def bad(job: TaskJob, session: AsyncSession) -> None:
+        raise RuntimeError("no")
+
+    await _enqueue(sessions, "fine", 3)
+    await _enqueue(sessions, "bad")
+    prom = CollectorRegistry()
+    metrics = JobMetrics(prom).connect()
+    try:
+        await AsyncWorker(async_engine, jobs, registry, listen=False, poll_interval=0.05).run(until_empty=True)
+    finally:
+        metrics.disconnect()
+
+    def value(name: str, **labels: str) -> float | None:
+        return prom.get_sample_value(name, {"queue": "default", **labels})
+
+    assert value("sa_jobqueue_jobs_started_total", task="fine") == 3
+    assert value("sa_jobqueue_jobs_succeeded_total", task="fine") == 3
+    assert value("sa_jobqueue_jobs_failed_total", task="bad", status="dead") == 1

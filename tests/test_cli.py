@@ -25,6 +25,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, create_engine, func, select, text, update
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
+from waiting import wait_for
 
 from sa_jobqueue import JobRepository, Worker
 from sa_jobqueue.cli import format_age, main, parse_duration
@@ -394,6 +395,32 @@ def test_worker_runs_an_async_registry_until_sigterm(cli_url: str, cli_engine: E
 
 def test_worker_runs_an_async_worker_factory_until_sigterm(cli_url: str, cli_engine: Engine) -> None:
     assert _run_worker(cli_url, cli_engine, ["cli_tasks:make_async_worker"], "default")["completed"] == 2
+
+
+def test_an_async_worker_stops_gracefully_on_sigterm_and_at_once_on_a_second(cli_url: str, cli_engine: Engine) -> None:
+    """A real process and real signals: the first SIGTERM waits for the running
+    job (shutdown timeout 10 minutes), the second stops the worker at once."""
+    job_id = int(ok(cli_url, "enqueue", "hang"))
+    env = os.environ | {"DATABASE_URL": cli_url, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sa_jobqueue.cli", "worker", "cli_tasks:async_tasks", "--shutdown-timeout", "600"],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: _status(cli_engine, job_id) == "running", 60, "the job to start")
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(1)  # waiting for the running job (not a timing claim: it would wait ten minutes)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, stderr
+    assert "received again, stopping at once" in stderr, stderr
+    assert json.loads(stdout.strip().splitlines()[-1])["completed"] == 0
+    assert _status(cli_engine, job_id) == "running"  # left to its lease, as after a kill
 
 
 def test_an_async_registry_in_transaction_mode_is_refused_in_one_line(cli_url: str) -> None:
