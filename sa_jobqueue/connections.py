@@ -123,7 +123,10 @@ def is_fatal_to_connection(exc: BaseException) -> bool:
     timeout) or of class 08 (connection exception), and for a
     :class:`psycopg.OperationalError` without a SQLSTATE (raised by the
     client: the connection was lost or closed), except a pipeline abort.
-    False for everything else, including the OperationalErrors a healthy
+    The same rules hold for asyncpg's errors (and SQLAlchemy's adapter
+    around them, which keeps their SQLSTATE); an asyncpg ``InterfaceError``
+    or ``ConnectionDoesNotExistError`` (the client's: a closed connection)
+    is fatal too. False for everything else, including the OperationalErrors a healthy
     connection reports (a statement timeout, a lock timeout, a deadlock or a
     serialization failure). ``exc`` may be the psycopg error itself, a
     SQLAlchemy error wrapping it (``.orig``), or any exception whose
@@ -143,6 +146,12 @@ def is_fatal_to_connection(exc: BaseException) -> bool:
                     current, psycopg.errors.PipelineAborted
                 )
             return state in _FATAL_SQLSTATES or state.startswith("08")
+        if _is_asyncpg_error(current):
+            state = getattr(current, "sqlstate", None)
+            if isinstance(state, str):
+                return state in _FATAL_SQLSTATES or state.startswith("08")
+            # Raised by the client: the connection is closed, or in a state no statement can follow.
+            return type(current).__name__ in ("InterfaceError", "ConnectionDoesNotExistError")
         # Look at the cause last: .orig is SQLAlchemy's own link to the DBAPI error.
         if current.__cause__ is not None:
             pending.append(current.__cause__)
@@ -150,6 +159,12 @@ def is_fatal_to_connection(exc: BaseException) -> bool:
         if isinstance(orig, BaseException):
             pending.append(orig)
     return False
+
+
+def _is_asyncpg_error(exc: BaseException) -> bool:
+    """An error of asyncpg, or of SQLAlchemy's adapter around it (which keeps its ``sqlstate``)."""
+    module = type(exc).__module__
+    return module.startswith("asyncpg") or module == "sqlalchemy.dialects.postgresql.asyncpg"
 
 
 def raw_connect(engine: Engine) -> Callable[[], psycopg.Connection[Any]]:

@@ -243,6 +243,39 @@ def test_is_fatal_to_connection_on_real_errors(engine: Engine, libpq_url: str) -
     assert is_fatal_to_connection(closed.value)
 
 
+@pytest.mark.anyio
+async def test_is_fatal_to_connection_on_real_asyncpg_errors(db_url: URL, engine: Engine) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    made = create_async_engine(db_url.set(drivername="postgresql+asyncpg"))
+    try:
+        with pytest.raises(DBAPIError) as read_only:
+            async with made.connect() as conn:
+                await conn.execute(text("SET TRANSACTION READ ONLY"))
+                await conn.execute(text("CREATE TABLE sajq_never (x int)"))
+        assert getattr(read_only.value.orig, "sqlstate", None) == "25006"
+        assert is_fatal_to_connection(read_only.value) and is_fatal_to_connection(read_only.value.orig)
+        with pytest.raises(DBAPIError) as division:
+            async with made.connect() as conn:
+                await conn.execute(text("SELECT 1 / 0"))
+        assert not is_fatal_to_connection(division.value)
+        with pytest.raises(DBAPIError) as terminated:  # the server ended the session
+            async with made.connect() as conn:
+                pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+                with engine.connect() as other:
+                    other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                wait_for(lambda: _backend_gone(engine, pid), 30, "the backend to exit")
+                await conn.execute(text("SELECT 1"))
+        assert is_fatal_to_connection(terminated.value)
+    finally:
+        await made.dispose()
+
+
+def _backend_gone(engine: Engine, pid: int) -> bool:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).scalar() == 0
+
+
 def test_a_read_only_connection_is_discarded_and_the_next_use_gets_a_writable_one(
     create_database: Callable[[], URL], engine: Engine
 ) -> None:
