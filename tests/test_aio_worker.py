@@ -302,10 +302,8 @@ async def test_a_stop_hands_back_unstarted_jobs_and_lets_running_ones_finish(
     assert all(j.attempts == 0 and j.locked_by is None for j in pending)  # their attempt not spent
 
 
-async def test_past_the_shutdown_timeout_running_coroutines_are_cancelled_and_their_attempt_recorded(
-    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine,
-    running: list[asyncio.Task[Any]],
-) -> None:
+def _endless() -> tuple[TaskRegistry, asyncio.Event]:
+    """A registry whose task ``endless`` writes a ledger row, sets the event and waits for an hour."""
     registry = TaskRegistry()
     started = asyncio.Event()
 
@@ -316,6 +314,14 @@ async def test_past_the_shutdown_timeout_running_coroutines_are_cancelled_and_th
         started.set()
         await asyncio.sleep(3600)
 
+    return registry, started
+
+
+async def test_past_the_shutdown_timeout_running_coroutines_are_cancelled_and_their_attempt_recorded(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine,
+    running: list[asyncio.Task[Any]],
+) -> None:
+    registry, started = _endless()
     (job_id,) = await _enqueue(sessions, "endless")
     worker = AsyncWorker(async_engine, jobs, registry, listen=False, poll_interval=0.05, shutdown_timeout=0.3)
     task = _start(worker, running)
@@ -333,16 +339,7 @@ async def test_a_stop_now_returns_without_waiting_and_commits_nothing(
     async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine,
     running: list[asyncio.Task[Any]],
 ) -> None:
-    registry = TaskRegistry()
-    started = asyncio.Event()
-
-    @registry.task
-    async def endless(job: TaskJob, session: AsyncSession) -> None:
-        session.add(Ledger(job_id=job.id))
-        await session.flush()
-        started.set()
-        await asyncio.sleep(3600)
-
+    registry, started = _endless()
     (job_id,) = await _enqueue(sessions, "endless")
     worker = AsyncWorker(async_engine, jobs, registry, listen=False, poll_interval=0.05, shutdown_timeout=3600)
     task = _start(worker, running)

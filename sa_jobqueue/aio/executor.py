@@ -42,7 +42,7 @@ from ..logs import job_context
 from ..task import Task
 from ..worker.books import Held
 from ..worker.context import READ_COMMITTED, WorkerContext
-from ..worker.executor import JobExecutor, hand_back
+from ..worker.executor import JobExecutor, hand_back, start_job
 from ..worker.failures import Failure, failure_of
 from .bridge import in_greenlet
 
@@ -219,12 +219,7 @@ class AsyncJobExecutor:
     # -- steps ---------------------------------------------------------------
 
     def _start(self, held: Held, task: Task) -> None:
-        now = time.monotonic()
-        held.started = now
-        timeout = task.timeout or self.ctx.options.job_timeout
-        if timeout is not None:
-            held.deadline = now + timeout.total_seconds()
-        signals.send(signals.job_started, self.ctx.sender, job=held.job)
+        start_job(self.ctx, held, task)
 
     @staticmethod
     def _cancelled_by_us(held: Held) -> bool:

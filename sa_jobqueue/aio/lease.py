@@ -29,12 +29,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .. import signals
-from ..errors import JobLostError
 from ..worker.books import Held
 from ..worker.context import WorkerContext
+from ..worker.deadlines import record_timeout
 from ..worker.executor import hand_back
-from ..worker.failures import record_failure, timeout_failure
 from ..worker.heartbeat import heartbeat, request_cancel
 from .bridge import in_greenlet
 from .executor import AsyncJobExecutor, cancel_backend
@@ -159,24 +157,7 @@ class AsyncLeaseMode:
         if held.cancel_requested:
             await in_greenlet(self.executor.steps.finish_cancelled, held)
             return
-        task = ctx.tasks.get(job.task)
-        assert task is not None and held.started is not None and held.deadline is not None
-        seconds = held.deadline - held.started
-        log.error("worker %s: job %s (%s) timed out after %g s", ctx.name, job.id, job.task, seconds)
-        try:
-            outcome = await in_greenlet(self._record_timeout, held, task, seconds)
-        except JobLostError:
-            return  # it finished (or was reaped) meanwhile
-        except Exception:
-            log.exception("worker %s: recording the timeout of job %s failed; its lease will expire",
-                          ctx.name, job.id)
-            return
-        ctx.books.count(outcome)
-        signals.send_failure(ctx.sender, job, None, outcome, seconds)
-
-    def _record_timeout(self, held: Held, task: Any, seconds: float) -> str:
-        with self.ctx.control() as session:
-            return record_failure(session, held.repo, held.job, timeout_failure(task, seconds))
+        await in_greenlet(record_timeout, ctx, held)
 
     # -- stopping ----------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from ..worker.books import Books, WorkerResult
 from ..worker.completer import Completer
 from ..worker.context import Control, WorkerContext
 from ..worker.executor import JobExecutor
+from ..worker.face import WorkerFace
 from ..worker.maintenance import PeriodicPass, Reaper
 from ..worker.options import CLAIMERS, DEFAULT_SHUTDOWN_TIMEOUT, WorkerOptions
 from ..worker.pace import Pacer
@@ -66,7 +67,7 @@ Duty = tuple[Callable[[], Awaitable[bool]], float, list[float]]
 _INTERRUPT_GRACE = 5.0
 
 
-class AsyncWorker:
+class AsyncWorker(WorkerFace):
     """Runs jobs of one or more job tables as asyncio tasks: ``async def``
     handlers on the event loop, sync ones in a bounded thread pool."""
 
@@ -135,20 +136,6 @@ class AsyncWorker:
         self._stopping = self._abort = self._wake = None  # asyncio.Events of the running loop
         self._stop_before_run: bool | None = None  # None, or whether it was asked "now"
         self._notified = False
-
-    # -- what callers read ----------------------------------------------------
-
-    @property
-    def result(self) -> WorkerResult:
-        """What this worker did so far (counted once each outcome committed)."""
-        return self._books.result
-
-    queues = property(lambda self: self.options.queues)
-    concurrency = property(lambda self: self.options.concurrency)
-    mode = property(lambda self: self.options.mode)
-    lease = property(lambda self: self.options.lease)
-    batch_size = property(lambda self: self.options.batch_size)
-    poll_interval = property(lambda self: self.options.poll_interval)
 
     # -- public ----------------------------------------------------------
 

@@ -147,13 +147,8 @@ class JobExecutor:
     # -- steps ---------------------------------------------------------------
 
     def _start(self, held: Held, task: Any) -> None:
-        now = time.monotonic()
-        held.started = now
         held.thread = threading.get_ident()
-        timeout = task.timeout or self.ctx.options.job_timeout
-        if timeout is not None:
-            held.deadline = now + timeout.total_seconds()
-        signals.send(signals.job_started, self.ctx.sender, job=held.job)
+        start_job(self.ctx, held, task)
 
     def _fenced_late(self, held: Held) -> bool:
         """The handler returned: True when its outcome was already settled
@@ -224,6 +219,17 @@ class JobExecutor:
             log.error("worker %s: job %s could not connect (%r); it is handed back unstarted", ctx.name, job.id, exc)
         ctx.back_off()
         hand_back(ctx, [held])
+
+
+def start_job(ctx: WorkerContext, held: Held, task: Any) -> None:
+    """The handler of ``held`` starts now: note when, and its deadline (the
+    task's timeout, else the worker's ``job_timeout``); send ``job_started``."""
+    now = time.monotonic()
+    held.started = now
+    timeout = task.timeout or ctx.options.job_timeout
+    if timeout is not None:
+        held.deadline = now + timeout.total_seconds()
+    signals.send(signals.job_started, ctx.sender, job=held.job)
 
 
 def hand_back(ctx: WorkerContext, held: list[Held]) -> int:

@@ -28,13 +28,10 @@ from datetime import timedelta
 
 from sqlalchemy import func, select
 
-from .. import signals
-from ..errors import JobLostError
 from .books import Held
 from .context import WorkerContext
-from .deadlines import check_stuck, grace
+from .deadlines import check_stuck, grace, record_timeout
 from .executor import JobExecutor, hand_back
-from .failures import record_failure, timeout_failure
 from .heartbeat import heartbeat, request_cancel
 from .options import CLAIMERS
 from .slots import Slots
@@ -181,21 +178,7 @@ class LeaseMode:
         if held.cancel_requested:
             self.executor.finish_cancelled(held)
             return
-        task = ctx.tasks.get(job.task)
-        assert task is not None and held.started is not None and held.deadline is not None
-        seconds = held.deadline - held.started
-        log.error("worker %s: job %s (%s) timed out after %g s", ctx.name, job.id, job.task, seconds)
-        try:
-            with ctx.control() as session:
-                outcome = record_failure(session, held.repo, job, timeout_failure(task, seconds))
-        except JobLostError:
-            return  # it finished (or was reaped) meanwhile
-        except Exception:
-            log.exception("worker %s: recording the timeout of job %s failed; its lease will expire",
-                          ctx.name, job.id)
-            return
-        ctx.books.count(outcome)
-        signals.send_failure(ctx.sender, job, None, outcome, seconds)
+        record_timeout(ctx, held)
 
     # -- stopping ----------------------------------------------------------------
 

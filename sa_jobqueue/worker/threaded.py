@@ -45,6 +45,7 @@ from ..watchdog import Watchdog
 from .books import Books, WorkerResult
 from .completer import Completer
 from .context import Control, WorkerContext
+from .face import WorkerFace
 from .lease import LeaseMode
 from .maintenance import PeriodicPass, Reaper
 from .options import CLAIMERS, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_STALL_TIMEOUT, Mode, WorkerOptions
@@ -55,7 +56,7 @@ from .transaction import TransactionMode
 log = logging.getLogger("sa_jobqueue.worker")
 
 
-class Worker:
+class Worker(WorkerFace):
     """Runs jobs of one or more job tables with a pool of threads."""
 
     def __init__(
@@ -110,20 +111,6 @@ class Worker:
         self._stop_before_run = False
         self._notified = False
         self._notify_lock = threading.Lock()
-
-    # -- what callers read ----------------------------------------------------
-
-    @property
-    def result(self) -> WorkerResult:
-        """What this worker did so far (counted once each outcome committed)."""
-        return self._books.result
-
-    queues = property(lambda self: self.options.queues)
-    concurrency = property(lambda self: self.options.concurrency)
-    mode = property(lambda self: self.options.mode)
-    lease = property(lambda self: self.options.lease)
-    batch_size = property(lambda self: self.options.batch_size)
-    poll_interval = property(lambda self: self.options.poll_interval)
 
     # -- public ----------------------------------------------------------
 
