@@ -423,14 +423,9 @@ def test_an_async_worker_stops_gracefully_on_sigterm_and_at_once_on_a_second(cli
     assert _status(cli_engine, job_id) == "running"  # left to its lease, as after a kill
 
 
-def test_an_async_registry_in_transaction_mode_is_refused_in_one_line(cli_url: str) -> None:
-    env = os.environ | {"DATABASE_URL": cli_url, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
-    proc = subprocess.run(
-        [sys.executable, "-m", "sa_jobqueue.cli", "worker", "cli_tasks:async_tasks", "--mode", "transaction"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert "--mode transaction" in proc.stderr and "lease mode only" in proc.stderr
+def test_worker_runs_an_async_registry_in_transaction_mode_until_sigterm(cli_url: str, cli_engine: Engine) -> None:
+    args = ["cli_tasks:async_tasks", "--mode", "transaction", "--concurrency", "2"]
+    assert _run_worker(cli_url, cli_engine, args, "default")["completed"] == 2
 
 
 def test_a_worker_with_too_many_stuck_threads_exits_non_zero_in_one_line(cli_url: str, cli_engine: Engine) -> None:

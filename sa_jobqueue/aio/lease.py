@@ -71,6 +71,15 @@ class AsyncLeaseMode:
         busy = bool(held or self.claiming or len(self.ctx.completer) or self._timing_out)
         return until_empty and pacer.drained(busy=busy)
 
+    @property
+    def busy(self) -> bool:
+        """Whether a job's task runs."""
+        return bool(self.slots.running)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for no job to run; True when none runs."""
+        return await self.slots.wait_idle(timeout)
+
     def _slot_done(self) -> None:
         self.wake()
 

@@ -49,7 +49,7 @@ from ..worker.context import Control, WorkerContext
 from ..worker.executor import JobExecutor
 from ..worker.face import WorkerFace
 from ..worker.maintenance import PeriodicPass, Reaper
-from ..worker.options import CLAIMERS, DEFAULT_SHUTDOWN_TIMEOUT, WorkerOptions
+from ..worker.options import CLAIMERS, DEFAULT_SHUTDOWN_TIMEOUT, Mode, WorkerOptions
 from ..worker.pace import Pacer
 from .binds import pool_capacity, sync_repositories, sync_sessions
 from .bridge import in_greenlet
@@ -57,6 +57,7 @@ from .executor import AsyncJobExecutor
 from .lease import AsyncLeaseMode
 from .listener import AsyncListener
 from .shutdown import install_signal_handlers
+from .transaction import AsyncTransactionMode
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -79,6 +80,7 @@ class AsyncWorker(WorkerFace):
         *,
         queues: str | Sequence[str] = "default",
         concurrency: int = 10,
+        mode: Mode = "lease",
         threads: int = 4,
         sync_bind: Engine | sessionmaker[Session] | None = None,
         max_sessions: int | None = None,
@@ -111,7 +113,7 @@ class AsyncWorker(WorkerFace):
         if not isinstance(tasks, TaskRegistry):
             raise InvalidArgumentError("tasks", "must be a TaskRegistry")
         self.options = WorkerOptions.check(
-            queues=queues, concurrency=concurrency, mode="lease", lease=lease, heartbeat_interval=heartbeat_interval,
+            queues=queues, concurrency=concurrency, mode=mode, lease=lease, heartbeat_interval=heartbeat_interval,
             reap_interval=reap_interval, poll_interval=poll_interval, listen=listen, batch_size=batch_size,
             name=name, stall_timeout=None, periodic_interval=periodic_interval, shutdown_timeout=shutdown_timeout,
             job_timeout=job_timeout, max_stuck_slots=None,
@@ -119,7 +121,7 @@ class AsyncWorker(WorkerFace):
         self.threads = positive_int("threads", threads)
         self._sync_sessions = sync_sessions(sync_bind)
         needs_sync = sorted(t.name for t in tasks if not t.is_async and t.takes_session)
-        if needs_sync and self._sync_sessions is None:
+        if needs_sync and self._sync_sessions is None and self.options.mode == "lease":
             raise InvalidArgumentError(
                 "sync_bind", f"is needed: the sync handlers {', '.join(needs_sync)} take a session, and a sync "
                 "Session cannot run on an AsyncEngine; give an Engine or sessionmaker for them"
@@ -175,16 +177,18 @@ class AsyncWorker(WorkerFace):
         threads = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sa_jobqueue-sync")
         in_thread = JobExecutor(self._thread_context(ctx)) if self._sync_sessions is not None else None
         executor = AsyncJobExecutor(ctx, self._sessions, threads, in_thread, asyncio.Semaphore(self.max_sessions))
-        mode = AsyncLeaseMode(ctx, executor, wake.set)
+        mode: AsyncLeaseMode | AsyncTransactionMode = (
+            AsyncLeaseMode(ctx, executor, wake.set) if self.options.mode == "lease"
+            else AsyncTransactionMode(ctx, self._sessions, threads, stopping, wake.set))
         restore = install_signal_handlers(loop, self._signalled) if handle_signals else (lambda: None)
         listener = self._start_listener(mode) if self.options.listen and not until_empty else None
         try:
             await self._run_loop(ctx, mode, listener, until_empty)
             await self._wind_down(ctx, mode)
         finally:
-            if mode.slots.running:  # an error, or a stop at once: nothing more is recorded
+            if mode.busy:  # an error, or a stop at once: nothing more is recorded
                 mode.abort()
-                await mode.slots.wait_idle(1.0)
+                await mode.wait_idle(1.0)
             if listener is not None:
                 await listener.stop()
             restore()
@@ -195,14 +199,16 @@ class AsyncWorker(WorkerFace):
 
     # -- the loop --------------------------------------------------------
 
-    async def _run_loop(self, ctx: WorkerContext, mode: AsyncLeaseMode, listener: AsyncListener | None,
+    async def _run_loop(self, ctx: WorkerContext, mode: AsyncLeaseMode | AsyncTransactionMode,
+                        listener: AsyncListener | None,
                         until_empty: bool) -> None:
         assert self._stopping is not None and self._wake is not None
         stopping, wake = self._stopping, self._wake
         now = time.monotonic()
         reaper = Reaper(ctx)
-        duties: list[Duty] = [(lambda: in_greenlet(reaper.run), ctx.options.reap_interval, [now]),
-                              (mode.heartbeat, ctx.options.heartbeat_interval, [now])]
+        duties: list[Duty] = [(lambda: in_greenlet(reaper.run), ctx.options.reap_interval, [now])]
+        if isinstance(mode, AsyncLeaseMode):
+            duties.append((mode.heartbeat, ctx.options.heartbeat_interval, [now]))
         scheduler = PeriodicScheduler(ctx.repositories[0], self.tasks, queues=ctx.options.queues)
         if scheduler:
             periodic = PeriodicPass(ctx, scheduler)
@@ -228,7 +234,7 @@ class AsyncWorker(WorkerFace):
             deadline = min([d[2][0] for d in duties] + [next_due] + ([flush_at] if flush_at is not None else []))
             await _sleep(wake, ctx.pacer.sleep(time.monotonic(), busy=False, deadline=deadline))
 
-    async def _wind_down(self, ctx: WorkerContext, mode: AsyncLeaseMode) -> None:
+    async def _wind_down(self, ctx: WorkerContext, mode: AsyncLeaseMode | AsyncTransactionMode) -> None:
         """Stop claiming, hand back what did not start, wait for the running
         jobs up to the shutdown timeout, cancel those still running, write the
         buffered completions."""
@@ -241,11 +247,11 @@ class AsyncWorker(WorkerFace):
         next_beat = time.monotonic() + ctx.options.heartbeat_interval
         while not abort.is_set():
             remaining = until - time.monotonic()
-            if await mode.slots.wait_idle(max(0.0, min(remaining, 0.05))) or remaining <= 0:
+            if await mode.wait_idle(max(0.0, min(remaining, 0.05))) or remaining <= 0:
                 break
             now = time.monotonic()
             mode.watch(now)
-            if now >= next_beat:
+            if isinstance(mode, AsyncLeaseMode) and now >= next_beat:
                 await mode.heartbeat()  # jobs still running keep their leases while we wait
                 next_beat = now + ctx.options.heartbeat_interval
             if ctx.completer.due(now):
@@ -253,9 +259,9 @@ class AsyncWorker(WorkerFace):
         if abort.is_set():
             return
         if mode.interrupt():
-            await mode.slots.wait_idle(_INTERRUPT_GRACE)
+            await mode.wait_idle(_INTERRUPT_GRACE)
         await self._final_flush(ctx, until=max(until, time.monotonic() + 1.0))
-        if mode.slots.running:
+        if mode.busy:
             log.warning("worker %s: stopped with %s", ctx.name, mode.describe_running())
 
     async def _final_flush(self, ctx: WorkerContext, *, until: float) -> None:
@@ -325,14 +331,15 @@ class AsyncWorker(WorkerFace):
         return worker_engine(self._engine.sync_engine, pool_size=CLAIMERS + 1, max_overflow=CLAIMERS + 1,
                              name=self.name)
 
-    def _start_listener(self, mode: AsyncLeaseMode) -> AsyncListener:
+    def _start_listener(self, mode: AsyncLeaseMode | AsyncTransactionMode) -> AsyncListener:
         channels = {repo.channel: "queue" for repo in self.repositories}
-        channels.update({repo.cancel_channel: "cancel" for repo in self.repositories})
+        if isinstance(mode, AsyncLeaseMode):
+            channels.update({repo.cancel_channel: "cancel" for repo in self.repositories})
         connect = driver_connect(self._engine.sync_engine)
 
         def on_notify(channel: str, payload: str) -> None:
             if channels.get(channel) == "cancel":
-                if payload.isdigit():
+                if payload.isdigit() and isinstance(mode, AsyncLeaseMode):
                     mode.cancel_notified(int(payload))
             elif payload in self.options.queues:
                 self._on_notify_any()
@@ -362,4 +369,4 @@ async def _sleep(wake: asyncio.Event, seconds: float) -> None:
 
 def _pacer(options: WorkerOptions) -> Pacer:
     return Pacer(capacity=options.capacity, concurrency=options.concurrency, batch_size=options.batch_size,
-                 poll_interval=options.poll_interval, claimers=CLAIMERS)
+                 poll_interval=options.poll_interval, claimers=CLAIMERS if options.mode == "lease" else 0)

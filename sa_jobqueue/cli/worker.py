@@ -57,7 +57,7 @@ def worker_command(
     on the database URL, or a zero-argument factory returning a configured
     Worker or AsyncWorker (the factory builds its own engine; the worker
     options here are then refused). A registry with async def handlers runs
-    in the asyncio worker (lease mode), on uvloop when it is installed.
+    in the asyncio worker, on uvloop when it is installed.
     """
     target = import_object(import_path, "IMPORT_PATH")
     if isinstance(target, TaskRegistry):
@@ -103,11 +103,9 @@ def _run_registry(
             with engine.connect() as conn:  # fail fast, in one line, when the server is unreachable
                 conn.execute(select(literal(1)).select_from(repository.table).limit(1)).all()
             if any(task.is_async for task in registry):
-                if mode != "lease":
-                    raise CliUsageError(f"--mode {mode}: a registry with async def handlers runs in the asyncio "
-                                        "worker, which has lease mode only")
                 _run_async_registry(engine, repository, registry, queues=list(queues) or "default",
-                                    concurrency=concurrency, listen=listen, batch_size=batch_size, name=name,
+                                    concurrency=concurrency, mode=mode, listen=listen, batch_size=batch_size,
+                                    name=name,
                                     job_timeout=job_timeout, **shutdown_options(ctx, shutdown_timeout))
                 return
             try:

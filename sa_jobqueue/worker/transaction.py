@@ -45,13 +45,35 @@ log = logging.getLogger("sa_jobqueue.worker")
 
 
 @dataclass
-class _Batch:
+class BatchReport:
     """What one batch did, counted and signalled once its transaction committed."""
 
     outcomes: list[str] = field(default_factory=list)
     succeeded: list[tuple[Any, float]] = field(default_factory=list)  # (job, duration)
     failed: list[tuple[Any, BaseException | None, str, float]] = field(default_factory=list)
     unstarted: list[Any] = field(default_factory=list)
+
+    def finish(self, session: Session, repo: Any, succeeded: list[tuple[Any, float]]) -> None:
+        """In the batch's transaction: complete the jobs that ``succeeded`` ((job,
+        duration) pairs) in one statement, hand back the unstarted ones."""
+        # The batch holds its row locks, so the fences always pass here.
+        finished = repo.complete_many(session, [job for job, _ in succeeded])
+        self.outcomes += ["completed" if job.id in finished else "lost" for job, _ in succeeded]
+        self.succeeded = [(job, duration) for job, duration in succeeded if job.id in finished]
+        if self.unstarted:
+            self.outcomes += ["handed_back"] * len(repo.hand_back(session, self.unstarted))
+
+    def settle(self, ctx: WorkerContext) -> None:
+        """The batch committed: count its outcomes and tell the receivers (both drivers)."""
+        for outcome in self.outcomes:
+            ctx.books.count(outcome)
+        if self.unstarted:
+            log.info("worker %s: handed back %s claimed job(s) not started: %s", ctx.name, len(self.unstarted),
+                     ", ".join(str(job.id) for job in self.unstarted))
+        for job, duration in self.succeeded:
+            signals.send(signals.job_succeeded, ctx.sender, job=job, duration=duration)
+        for job, error, status, duration in self.failed:
+            signals.send_failure(ctx.sender, job, error, status, duration)
 
 
 class TransactionMode:
@@ -144,19 +166,10 @@ class TransactionMode:
                 watch.release()
         if batch is None:
             return False
-        # Committed: now count, and tell the receivers.
-        for outcome in batch.outcomes:
-            ctx.books.count(outcome)
-        if batch.unstarted:
-            log.info("worker %s: handed back %s claimed job(s) not started: %s", ctx.name, len(batch.unstarted),
-                     ", ".join(str(job.id) for job in batch.unstarted))
-        for job, duration in batch.succeeded:
-            signals.send(signals.job_succeeded, ctx.sender, job=job, duration=duration)
-        for job, error, status, duration in batch.failed:
-            signals.send_failure(ctx.sender, job, error, status, duration)
+        batch.settle(ctx)  # committed: now count, and tell the receivers
         return True
 
-    def _run_batch(self, session: Session, pid: int | None) -> _Batch | None:
+    def _run_batch(self, session: Session, pid: int | None) -> BatchReport | None:
         """Claim and run one batch on ``session``'s transaction; None when nothing was claimable."""
         ctx = self.ctx
         for repo in ctx.rotation():
@@ -166,7 +179,7 @@ class TransactionMode:
                 break
         else:
             return None
-        batch = _Batch()
+        batch = BatchReport()
         succeeded: list[tuple[Any, float]] = []
         for job in jobs:
             if ctx.stopping.is_set():
@@ -181,12 +194,7 @@ class TransactionMode:
             else:
                 batch.outcomes.append(outcome)
                 batch.failed.append((job, error, outcome, duration))
-        # The batch holds its row locks, so the fences always pass here.
-        finished = repo.complete_many(session, [job for job, _ in succeeded])
-        batch.outcomes += ["completed" if job.id in finished else "lost" for job, _ in succeeded]
-        batch.succeeded = [(job, duration) for job, duration in succeeded if job.id in finished]
-        if batch.unstarted:
-            batch.outcomes += ["handed_back"] * len(repo.hand_back(session, batch.unstarted))
+        batch.finish(session, repo, succeeded)
         return batch
 
     def _run_in_savepoint(

@@ -1,0 +1,265 @@
+"""The asyncio worker's transaction mode: a batch claimed, run and finished in one transaction.
+
+As in the thread worker (:mod:`sa_jobqueue.worker.transaction`), and with
+its :class:`~sa_jobqueue.worker.transaction.BatchReport`: up to
+``concurrency`` batches at once, each a task holding one ``AsyncSession``
+of the application's; the batch's claim holds the row locks until it
+commits; each job runs in a SAVEPOINT (a failure rolls back only its job,
+and is recorded in the batch); the succeeded jobs complete in one
+statement and everything commits once. A crash rolls everything back:
+the rows are simply pending again.
+
+Handlers: an ``async def`` one gets the batch's ``AsyncSession`` when it
+takes a session; a sync one that takes a session runs on the batch's
+``Session`` through ``run_sync``, on the event loop (keep it short: it
+holds the loop while it computes); a sync one without runs in the thread
+pool.
+
+Deadlines: past a job's deadline its statement on the server is cancelled
+(``pg_cancel_backend``: the statement fails inside the job's SAVEPOINT,
+which rolls back cleanly), and a grace later a handler still running is
+cancelled. Either way the job's SAVEPOINT is rolled back and its failure
+recorded as "timed out after N s". A coroutine cancelled while it waited
+on the driver leaves the connection unusable: then the whole batch rolls
+back, as after a crash.
+
+At a graceful stop a batch runs no further job: the jobs it claimed but
+did not start are handed back in its transaction; at the shutdown timeout
+the batches still running are cancelled, and roll back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from .. import signals
+from ..connections import driver_backend_pid, is_fatal_to_connection
+from ..logs import job_context
+from ..task import Task
+from ..worker.context import READ_COMMITTED, WorkerContext
+from ..worker.failures import failure_of, record_failure, refuse_awaitable, timeout_failure
+from ..worker.transaction import BatchReport
+from .executor import cancel_backend
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+__all__ = ["AsyncTransactionMode"]
+
+# How long after cancelling its statement a handler may still run before its coroutine is cancelled.
+_CANCEL_GRACE = 1.0
+
+
+class _Timeout(Exception):
+    """A handler of the batch passed its deadline."""
+
+
+class AsyncTransactionMode:
+    """The transaction-mode strategy of the asyncio worker's loop."""
+
+    def __init__(self, ctx: WorkerContext, sessions: async_sessionmaker[AsyncSession], threads: ThreadPoolExecutor,
+                 stopping: asyncio.Event, wake: Callable[[], None]) -> None:
+        self.ctx = ctx
+        self.wake = wake
+        self.sessions = sessions
+        self.threads = threads
+        self.stopping = stopping
+        self.running: dict[asyncio.Task[bool], None] = {}  # the batches in flight
+        self._ran = self._empty = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- the loop's step -----------------------------------------------------
+
+    def step(self, now: float, *, listening: bool, until_empty: bool) -> bool:
+        """Take results, start the probes the pacer asks for; True when drained (until_empty)."""
+        pacer = self.ctx.pacer
+        ran, empty, self._ran, self._empty = self._ran, self._empty, 0, 0
+        inflight = len(self.running)
+        pacer.results(now, hits=ran, misses=empty, claiming=0, ran=ran, listening=listening, probing=inflight)
+        if until_empty and pacer.drained(busy=bool(inflight or len(self.ctx.completer))):
+            return True
+        for _ in range(pacer.probes(now, free=self.ctx.options.concurrency - inflight)):
+            batch = asyncio.get_running_loop().create_task(self.run_batch(), name="sa_jobqueue-batch")
+            self.running[batch] = None
+            self._idle.clear()
+            batch.add_done_callback(self._batch_done)
+        return False
+
+    def _batch_done(self, batch: asyncio.Task[bool]) -> None:
+        self.running.pop(batch, None)
+        if batch.cancelled() or batch.exception() is not None:
+            if not batch.cancelled():
+                log.error("worker %s: a batch failed and was rolled back: %r", self.ctx.name, batch.exception())
+                self.ctx.back_off()
+            self._empty += 1
+        elif batch.result():
+            self._ran += 1
+        else:
+            self._empty += 1
+        if not self.running:
+            self._idle.set()
+        self.wake()
+
+    def watch(self, now: float) -> float:
+        """Deadlines are the batches' own (see :meth:`_call`): nothing to watch."""
+        return float("inf")
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for no batch to run; True when none runs."""
+        if not self.running:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    # -- one batch -----------------------------------------------------------
+
+    async def run_batch(self) -> bool:
+        """Claim a batch and run it in one transaction; False when nothing was claimable."""
+        ctx = self.ctx
+        async with self.sessions() as session:
+            try:
+                connection = await session.connection(execution_options=READ_COMMITTED)
+                raw = await connection.get_raw_connection()
+            except sa_exc.TimeoutError:
+                log.error("worker %s: a batch could not get a connection: the jobs' pool is exhausted", ctx.name)
+                ctx.back_off()
+                return False
+            pid = driver_backend_pid(raw.driver_connection)
+            try:
+                batch = await self._run_batch(session, pid)
+                await session.commit()
+            except BaseException as exc:
+                if isinstance(exc, asyncio.CancelledError) or is_fatal_to_connection(exc):
+                    await connection.invalidate()  # interrupted or dead: never serve the next batch
+                raise  # the session's close rolls the batch back
+        if batch is None:
+            return False
+        batch.settle(ctx)
+        return True
+
+    async def _run_batch(self, session: AsyncSession, pid: int | None) -> BatchReport | None:
+        ctx = self.ctx
+        for repo in ctx.rotation():
+            jobs: list[Any] = await session.run_sync(self._claim, repo)
+            if jobs:
+                break
+        else:
+            return None
+        batch = BatchReport()
+        succeeded: list[tuple[Any, float]] = []
+        for job in jobs:
+            if self.stopping.is_set():
+                batch.unstarted.append(job)
+                continue
+            started = time.monotonic()
+            with job_context(job):
+                outcome, error = await self._run_in_savepoint(session, repo, job, pid)
+            duration = time.monotonic() - started
+            if outcome is None:
+                succeeded.append((job, duration))
+            else:
+                batch.outcomes.append(outcome)
+                batch.failed.append((job, error, outcome, duration))
+        await session.run_sync(batch.finish, repo, succeeded)
+        return batch
+
+    def _claim(self, session: Any, repo: Any) -> list[Any]:
+        ctx = self.ctx
+        jobs: list[Any] = repo.claim(session, queues=ctx.options.queues, limit=ctx.options.batch_size or 1,
+                                     worker=ctx.name, lease=ctx.options.lease)
+        return jobs
+
+    async def _run_in_savepoint(
+        self, session: AsyncSession, repo: Any, job: Any, pid: int | None
+    ) -> tuple[str | None, BaseException | None]:
+        """One job of a batch in a SAVEPOINT: (None, None) on success, else its new status and the error."""
+        ctx = self.ctx
+        task = ctx.tasks.get(job.task)
+        if task is None:
+            log.error("worker %s: job %s has unknown task %r", ctx.name, job.id, job.task)
+            failure = failure_of(job, None, None, ctx.tasks)
+            return await session.run_sync(record_failure, repo, job, failure, savepoint=True), None
+        signals.send(signals.job_started, ctx.sender, job=job)
+        timeout = task.timeout or ctx.options.job_timeout
+        savepoint = await session.begin_nested()
+        error: BaseException | None = None
+        try:
+            await self._call(task, job, session, None if timeout is None else timeout.total_seconds(), pid)
+            await savepoint.commit()  # flushes the handler's writes inside the savepoint
+            return None, None
+        except _Timeout:
+            error = None
+        except Exception as exc:
+            error = exc
+        await savepoint.rollback()
+        if error is None:
+            assert timeout is not None
+            seconds = timeout.total_seconds()
+            log.error("worker %s: job %s (%s) timed out after %g s", ctx.name, job.id, job.task, seconds)
+            failure = timeout_failure(task, seconds)
+        else:
+            log.info("worker %s: job %s (%s) failed: %r", ctx.name, job.id, job.task, error)
+            failure = failure_of(job, task, error)
+        return await session.run_sync(record_failure, repo, job, failure, savepoint=True), error
+
+    async def _call(self, task: Task, job: Any, session: AsyncSession, seconds: float | None,
+                    pid: int | None) -> None:
+        """Run the handler (as a task of its own when it has a deadline); raise
+        :class:`_Timeout` when the deadline passed, whatever it did."""
+        if not task.is_async and task.takes_session:
+            call: Any = session.run_sync(lambda s: refuse_awaitable(task(job, s)))
+        elif not task.is_async:
+            call = asyncio.get_running_loop().run_in_executor(
+                self.threads, contextvars.copy_context().run, lambda: refuse_awaitable(task(job, None)))
+        else:
+            call = task(job, session)
+        if seconds is None:
+            await call
+            return
+        handler = asyncio.ensure_future(call)
+        done, _ = await asyncio.wait({handler}, timeout=seconds)
+        if not done:
+            if pid is not None:
+                await cancel_backend(self.ctx, pid)  # the statement fails inside the SAVEPOINT
+            done, _ = await asyncio.wait({handler}, timeout=_CANCEL_GRACE)
+            if not done:
+                handler.cancel()
+                await asyncio.wait({handler})
+            if not handler.cancelled():
+                handler.exception()  # retrieved: whatever it raised, the deadline decides
+            raise _Timeout
+        handler.result()  # its own error, if any
+
+    # -- stopping ----------------------------------------------------------------
+
+    async def stop_claiming(self, until: float) -> None:
+        """Batches see the stop and hand back what they did not start."""
+
+    def interrupt(self) -> int:
+        """The shutdown timeout passed: cancel the batches still running (they roll back)."""
+        for batch in list(self.running):
+            batch.cancel()
+        return len(self.running)
+
+    def abort(self) -> None:
+        self.interrupt()
+
+    def describe_running(self) -> str:
+        return (f"{len(self.running)} batch(es) still running; their transactions roll back, and their jobs are "
+                "pending again")
