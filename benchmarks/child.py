@@ -4,7 +4,7 @@ Started by ``run.py``, one process per measurement, so that the CPU time and
 peak RSS each reports are its own::
 
     python benchmarks/child.py sajq     DSN --path a|b|c --concurrency C [--service] [--rss-at N,...] [--sleep S]
-    python benchmarks/child.py sajq-async DSN --path a|b --driver psycopg|asyncpg --concurrency C [--sleep S]
+    python benchmarks/child.py sajq-async DSN --path a|b|c --driver psycopg|asyncpg --concurrency C [--sleep S]
     python benchmarks/child.py textbook DSN --concurrency C
     python benchmarks/child.py batch    DSN --concurrency C [--service]
     python benchmarks/child.py produce-sajq | produce-raw DSN --jobs 200 --gap 0.02
@@ -189,7 +189,8 @@ def run_sajq(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_sajq_async(args: argparse.Namespace) -> dict[str, Any]:
     """The asyncio worker: path a (an async def handler without session, batched
-    completion) or b (with the job's AsyncSession, one ledger row), on ``--driver``;
+    completion), b (with the job's AsyncSession, one ledger row) or c (b in
+    transaction mode), on ``--driver``;
     ``--sleep S``: each handler first awaits asyncio.sleep(S) (an I/O-bound job)."""
     import asyncio
     from dataclasses import asdict
@@ -224,7 +225,8 @@ def run_sajq_async(args: argparse.Namespace) -> dict[str, Any]:
             await session.execute(add_ledger_row, {"job_id": job.id})
 
     tasks.register(TASK, bench)
-    options: dict[str, Any] = {"queues": [QUEUE], "concurrency": concurrency, "poll_interval": args.poll}
+    options: dict[str, Any] = {"queues": [QUEUE], "concurrency": concurrency, "poll_interval": args.poll,
+                               "mode": "transaction" if args.path == "c" else "lease"}
     if args.listen is not None:
         options["listen"] = args.listen == "on"
     if args.batch_size:

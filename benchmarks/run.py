@@ -243,7 +243,7 @@ class Bench:
         self._drain(argv, kind, f"drain-{kind}-{concurrency}", profile=True)
 
     def drain_async(self, path: str, driver: str, concurrency: int) -> None:
-        """The asyncio worker on path 'a' or 'b' (cores with sa_jobqueue.aio.AsyncWorker)."""
+        """The asyncio worker on path 'a', 'b' or 'c' (cores with sa_jobqueue.aio.AsyncWorker)."""
         import aio
 
         if aio.has_async_worker():
@@ -406,7 +406,7 @@ def run(args: argparse.Namespace) -> int:
                             log(f"  drain {kind} C={concurrency}")
                             bench.timed(workload, lambda k=kind, c=concurrency: bench.drain(k, c))
                     if bench.wanted("drain-async"):
-                        for path, driver in [(p, d) for p in ("a", "b") for d in ("psycopg", "asyncpg")]:
+                        for path, driver in [(p, d) for p in ("a", "b", "c") for d in ("psycopg", "asyncpg")]:
                             log(f"  drain async {path} {driver} C={concurrency}")
                             bench.timed("drain-async", lambda p=path, d=driver, c=concurrency:
                                         bench.drain_async(p, d, c))
@@ -498,8 +498,9 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
             name = f"drain-{kind}-{c}"
             row(label, str(c), m.get(name), "jobs/s", m.get(f"drain-textbook-{c}"), m.get(f"drain-batch-{c}"))
     if bench.wanted("drain-async"):
-        for path, text in (("a", "async def handler without session"), ("b", "async def handler, ledger row in the "
-                                                                         "job's AsyncSession")):
+        for path, text in (("a", "async def handler without session"),
+                           ("b", "async def handler, ledger row in the job's AsyncSession"),
+                           ("c", "transaction mode, the same ledger handler")):
             for driver in ("psycopg", "asyncpg"):
                 for c in args.concurrency:
                     name = f"drain-async-{path}-{driver}-{c}"

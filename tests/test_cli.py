@@ -6,6 +6,7 @@ default job table (sa_jobqueue_jobs) and cli_tasks' ledger (cli_done).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -419,6 +420,8 @@ def test_an_async_worker_stops_gracefully_on_sigterm_and_at_once_on_a_second(cli
             proc.communicate(timeout=10)
     assert proc.returncode == 0, stderr
     assert "received again, stopping at once" in stderr, stderr
+    if importlib.util.find_spec("uvloop") is not None:  # the test extra installs it
+        assert "event loop: uvloop" in stderr, stderr
     assert json.loads(stdout.strip().splitlines()[-1])["completed"] == 0
     assert _status(cli_engine, job_id) == "running"  # left to its lease, as after a kill
 

@@ -1,14 +1,15 @@
 """The application the fault suite runs: a job table, an effects ledger, the
 handlers, and a CLI that runs one worker process.
 
-    python tests/chaos/chaosapp.py work URL --mode lease|transaction|aio_psycopg|aio_asyncpg --concurrency 4 --lease 3
-        [--no-listen] [--pgbouncer]
+    python tests/chaos/chaosapp.py work URL --mode lease|transaction|aio[tx]_psycopg|aio[tx]_asyncpg
+        --concurrency 4 --lease 3 [--no-listen] [--pgbouncer]
         [--batch-size N] [--pool-size N --max-overflow N --pool-timeout S | --null-pool] [--log-level INFO]
     python tests/chaos/chaosapp.py produce URL --producer N --seconds 20 --keys 60 --per-call 12
 
 The worker runs until SIGTERM/SIGINT, then prints its WorkerResult as JSON.
 Modes ``aio_psycopg`` and ``aio_asyncpg`` run the asyncio worker on that
-driver, with ``async def`` handlers that do what the sync ones do.
+driver, with ``async def`` handlers that do what the sync ones do;
+``aiotx_psycopg`` and ``aiotx_asyncpg`` run it in transaction mode.
 ``--pool-size``, ``--max-overflow`` and ``--pool-timeout`` size the
 application's engine (the jobs' sessions); by default it has
 ``concurrency + 1`` connections, 2 more at peaks, and waits 30 s for one;
@@ -224,8 +225,9 @@ async_tasks.register("effect", _run_async, retry=FAST, max_attempts=MAX_ATTEMPTS
 async_tasks.register("storm", _run_async, retry=STORM, max_attempts=MAX_ATTEMPTS)
 
 
-def _work_async(args: argparse.Namespace, driver: str) -> None:
-    """The asyncio worker (modes aio_psycopg, aio_asyncpg), with the connection settings of connect_args."""
+def _work_async(args: argparse.Namespace, driver: str, mode: str) -> None:
+    """The asyncio worker (modes aio_<driver>: lease mode, aiotx_<driver>: transaction mode), with the
+    connection settings of connect_args."""
     import asyncio
 
     from sqlalchemy.ext.asyncio import create_async_engine
@@ -243,7 +245,7 @@ def _work_async(args: argparse.Namespace, driver: str) -> None:
     async def main() -> dict[str, Any]:
         engine = create_async_engine(url, pool_size=args.concurrency + 1, max_overflow=2, pool_pre_ping=True,
                                      connect_args=options)
-        worker = AsyncWorker(engine, jobs, async_tasks, concurrency=args.concurrency,
+        worker = AsyncWorker(engine, jobs, async_tasks, concurrency=args.concurrency, mode=mode,  # type: ignore[arg-type]
                              lease=timedelta(seconds=args.lease), poll_interval=args.poll, listen=args.listen,
                              batch_size=args.batch_size)
         try:
@@ -255,8 +257,9 @@ def _work_async(args: argparse.Namespace, driver: str) -> None:
 
 
 def _work(args: argparse.Namespace) -> None:
-    if args.mode.startswith("aio_"):
-        _work_async(args, args.mode.removeprefix("aio_"))
+    if args.mode.startswith(("aio_", "aiotx_")):
+        kind, driver = args.mode.split("_")
+        _work_async(args, driver, "transaction" if kind == "aiotx" else "lease")
         return
     engine = make_engine(args.url, concurrency=args.concurrency, pgbouncer=args.pgbouncer,
                          pool_size=args.pool_size, max_overflow=args.max_overflow, pool_timeout=args.pool_timeout,

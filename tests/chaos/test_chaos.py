@@ -34,7 +34,12 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 MODES = ["lease", "transaction"]
 # The asyncio worker on each driver, in the scenarios that apply to it (its
 # handlers are async def; asyncpg has no TCP keepalive settings for the proxy scenarios).
-AIO_MODES = ["aio_psycopg", "aio_asyncpg"]
+AIO_MODES = ["aio_psycopg", "aio_asyncpg", "aiotx_psycopg", "aiotx_asyncpg"]  # aiotx: its transaction mode
+
+
+def _leases(mode: str) -> bool:
+    """Whether the mode runs each job in a transaction of its own under a lease (not a batch's)."""
+    return mode in ("lease", "aio_psycopg", "aio_asyncpg")
 JOBS = int(os.environ.get("CHAOS_JOBS", "2000"))
 MakeRun = Callable[..., Run]
 GLOBAL_FAULTS = {"restart", "cut (reset)", "half-open"}
@@ -226,7 +231,7 @@ def test_handlers_slower_than_the_lease_and_a_frozen_worker(make_run: MakeRun, m
                 found = run.recent_start(0.5, lambda p: bool(p.get("slow")))
             job_id, pid = found
             since = run.freeze(pid)
-            if mode != "transaction":  # lease mode, in either worker
+            if _leases(mode):
                 deadline = time.monotonic() + 60
                 while not run.query("SELECT 1 FROM chaos_effects WHERE job_id = %s", (job_id,)):
                     if time.monotonic() > deadline or not run.pause(0.1):
@@ -249,7 +254,7 @@ def test_handlers_slower_than_the_lease_and_a_frozen_worker(make_run: MakeRun, m
         return problems
 
     _drain(run, inject, checks)
-    if mode != "transaction":  # lease mode, in either worker
+    if _leases(mode):
         # Each frozen worker's stale completion was refused by the fence.
         frozen_results = {pid: run.results.get(pid, {}).get("lost", 0) for _, pid in stale}
         assert stale and all(n >= 1 for n in frozen_results.values()), frozen_results
