@@ -23,7 +23,16 @@ from ..worker.books import Held
 
 log = logging.getLogger("sa_jobqueue.worker")
 
-__all__ = ["JobSlots"]
+__all__ = ["JobSlots", "wait_set"]
+
+
+async def wait_set(event: asyncio.Event, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``event``; True when it is set."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except asyncio.TimeoutError:
+        return False
+    return True
 
 
 class JobSlots:
@@ -61,13 +70,7 @@ class JobSlots:
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for no job to run; True when none runs."""
-        if not self.running:
-            return True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return not self.running or await wait_set(self._idle, timeout)
 
     def _start_ready(self) -> None:
         while self._ready and len(self.running) < self.concurrency:

@@ -49,6 +49,7 @@ from ..worker.context import READ_COMMITTED, WorkerContext
 from ..worker.failures import failure_of, record_failure, refuse_awaitable, timeout_failure
 from ..worker.transaction import BatchReport
 from .executor import cancel_backend
+from .slots import wait_set
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -119,13 +120,7 @@ class AsyncTransactionMode:
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for no batch to run; True when none runs."""
-        if not self.running:
-            return True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return not self.running or await wait_set(self._idle, timeout)
 
     # -- one batch -----------------------------------------------------------
 
@@ -162,7 +157,6 @@ class AsyncTransactionMode:
         else:
             return None
         batch = BatchReport()
-        succeeded: list[tuple[Any, float]] = []
         for job in jobs:
             if self.stopping.is_set():
                 batch.unstarted.append(job)
@@ -170,13 +164,8 @@ class AsyncTransactionMode:
             started = time.monotonic()
             with job_context(job):
                 outcome, error = await self._run_in_savepoint(session, repo, job, pid)
-            duration = time.monotonic() - started
-            if outcome is None:
-                succeeded.append((job, duration))
-            else:
-                batch.outcomes.append(outcome)
-                batch.failed.append((job, error, outcome, duration))
-        await session.run_sync(batch.finish, repo, succeeded)
+            batch.ran(job, outcome, error, time.monotonic() - started)
+        await session.run_sync(batch.finish, repo)
         return batch
 
     def _claim(self, session: Any, repo: Any) -> list[Any]:

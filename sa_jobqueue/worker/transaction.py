@@ -52,10 +52,20 @@ class BatchReport:
     succeeded: list[tuple[Any, float]] = field(default_factory=list)  # (job, duration)
     failed: list[tuple[Any, BaseException | None, str, float]] = field(default_factory=list)
     unstarted: list[Any] = field(default_factory=list)
+    ran_ok: list[tuple[Any, float]] = field(default_factory=list)  # (job, duration), not completed yet
 
-    def finish(self, session: Session, repo: Any, succeeded: list[tuple[Any, float]]) -> None:
-        """In the batch's transaction: complete the jobs that ``succeeded`` ((job,
-        duration) pairs) in one statement, hand back the unstarted ones."""
+    def ran(self, job: Any, outcome: str | None, error: BaseException | None, duration: float) -> None:
+        """A job of the batch ran: ``outcome`` None when it succeeded, else its new status."""
+        if outcome is None:
+            self.ran_ok.append((job, duration))
+        else:
+            self.outcomes.append(outcome)
+            self.failed.append((job, error, outcome, duration))
+
+    def finish(self, session: Session, repo: Any) -> None:
+        """In the batch's transaction: complete the jobs that ran well in one
+        statement, hand back the unstarted ones."""
+        succeeded = self.ran_ok
         # The batch holds its row locks, so the fences always pass here.
         finished = repo.complete_many(session, [job for job, _ in succeeded])
         self.outcomes += ["completed" if job.id in finished else "lost" for job, _ in succeeded]
@@ -180,7 +190,6 @@ class TransactionMode:
         else:
             return None
         batch = BatchReport()
-        succeeded: list[tuple[Any, float]] = []
         for job in jobs:
             if ctx.stopping.is_set():
                 batch.unstarted.append(job)
@@ -188,13 +197,8 @@ class TransactionMode:
             started = time.monotonic()
             with job_context(job):
                 outcome, error = self._run_in_savepoint(session, repo, job, pid)
-            duration = time.monotonic() - started
-            if outcome is None:
-                succeeded.append((job, duration))
-            else:
-                batch.outcomes.append(outcome)
-                batch.failed.append((job, error, outcome, duration))
-        batch.finish(session, repo, succeeded)
+            batch.ran(job, outcome, error, time.monotonic() - started)
+        batch.finish(session, repo)
         return batch
 
     def _run_in_savepoint(

@@ -39,6 +39,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -236,7 +237,11 @@ def _work_async(args: argparse.Namespace, driver: str, mode: str) -> None:
 
     name = f"chaos-worker-{os.getpid()}"
     if driver == "psycopg":
-        options: dict[str, Any] = connect_args(pgbouncer=False, application_name=name)
+        options: dict[str, Any] = connect_args(pgbouncer=args.pgbouncer, application_name=name)
+    elif args.pgbouncer:  # docs/asyncio.md: no prepared statements; PgBouncer refuses other startup settings
+        options = {"timeout": 5, "server_settings": {"application_name": name}, "statement_cache_size": 0,
+                   "prepared_statement_cache_size": 0,
+                   "prepared_statement_name_func": lambda: f"__asyncpg_{uuid.uuid4()}__"}
     else:  # asyncpg: its own names; it has no TCP keepalive settings
         options = {"timeout": 5, "server_settings": {"application_name": name,
                                                      "idle_in_transaction_session_timeout": "20s"}}

@@ -129,7 +129,7 @@ def test_pg_terminate_backend_of_workers_and_listeners(make_run: MakeRun, mode: 
     _drain(run, inject, _listeners_back)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + AIO_MODES)
 def test_network_cut_by_the_proxy(make_run: MakeRun, proxy: TcpProxy, mode: str) -> None:
     """The proxy resets every connection (both legs) at 20%, 45% and 70% of the drain."""
     run = make_run("network_cut", mode, jobs=JOBS, port=proxy.port)
@@ -279,7 +279,7 @@ def test_retry_storm(make_run: MakeRun, mode: str) -> None:
     _drain(run, None, checks)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + AIO_MODES)
 def test_exactly_once_behind_pgbouncer_transaction_pooling(
     make_run: MakeRun, chaos_server: PgServer, mode: str
 ) -> None:
