@@ -53,7 +53,7 @@ class AsyncLeaseMode:
         self.slots = JobSlots(ctx.options.concurrency, executor.run, on_done=self._slot_done)
         self.claiming: set[asyncio.Task[bool]] = set()
         self._hits = self._misses = 0
-        self._timing_out: set[asyncio.Task[Any]] = set()
+        self._side_tasks: set[asyncio.Task[Any]] = set()  # time-outs and hand backs run by the watch
 
     # -- the loop's step -----------------------------------------------------
 
@@ -68,7 +68,7 @@ class AsyncLeaseMode:
             pacer.claim_sent(ask)
             claim = asyncio.get_running_loop().create_task(self._claim_into(ask), name="sa_jobqueue-claim")
             self.claiming.add(claim)
-        busy = bool(held or self.claiming or len(self.ctx.completer) or self._timing_out)
+        busy = bool(held or self.claiming or len(self.ctx.completer) or self._side_tasks)
         return until_empty and pacer.drained(busy=busy)
 
     @property
@@ -149,8 +149,8 @@ class AsyncLeaseMode:
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
-        self._timing_out.add(task)
-        task.add_done_callback(self._timing_out.discard)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     async def _hand_back(self, held: list[Held]) -> None:
         await in_greenlet(hand_back, self.ctx, held)
