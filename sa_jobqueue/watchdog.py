@@ -67,6 +67,7 @@ from sqlalchemy.engine import Engine
 from .connections import own_session
 from .inflight import NOT_WATCHABLE, NOT_WATCHED, ConnectionWatch, StatementRecord, watch_cursors
 from .sockets import shutdown_socket, socket_deadline
+from .stalls import is_stalled, suspects
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -258,32 +259,21 @@ class Watchdog:
 
     def _suspects(self) -> list[tuple[StatementRecord, int, float]]:
         """Statements in flight for ``after`` seconds: (backend, which statement, since)."""
-        now = time.monotonic()
         with self._lock:
             backends = list(self._backends)
-        suspects = []
+        found = []
         for backend in backends:
             with backend.lock:
-                since, statement = backend.since, backend.statement
-            if since is not None and now - since >= self._after:
-                suspects.append((backend, statement, since))
-        return suspects
+                found += suspects([backend], now=time.monotonic(), after=self._after)
+        return found
 
     def _check(self, suspects: list[tuple[StatementRecord, int, float]]) -> None:
         states = self._backend_states(sorted({backend.pid for backend, _, _ in suspects}))
         for backend, statement, since in suspects:
             state, age = states.get(backend.pid, ("unknown", 0.0))
             with backend.lock:
-                if backend.statement != statement or backend.since is None:
-                    continue  # it ended meanwhile
-                if state in ("unknown", "active") or age < self._after:
-                    # Unknown to this server (a pooler's id), running, or busy
-                    # with other statements lately: leave it.
-                    backend.idle_checks = 0
+                if not is_stalled(backend, statement, state=state, age=age, after=self._after):
                     continue
-                backend.idle_checks += 1
-                if backend.idle_checks < 2:
-                    continue  # confirm on the next check: the reply may have been in flight
             log.warning(
                 "watchdog: backend %s waited on for %.0f s but %s on the server: the connection is stalled; "
                 "terminating it", backend.pid, time.monotonic() - since, state,

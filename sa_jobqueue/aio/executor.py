@@ -29,7 +29,9 @@ import asyncio
 import contextvars
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, select
@@ -45,6 +47,7 @@ from ..worker.context import READ_COMMITTED, WorkerContext
 from ..worker.executor import JobExecutor, hand_back, start_job
 from ..worker.failures import Failure, failure_of
 from .bridge import in_greenlet
+from .watchdog import JobWatch, not_watched
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -61,6 +64,7 @@ class AsyncJobExecutor:
         threads: ThreadPoolExecutor,
         in_thread: JobExecutor | None,
         session_permits: asyncio.Semaphore,
+        watch_job: Callable[[AsyncConnection, Any], JobWatch] = not_watched,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
@@ -68,6 +72,7 @@ class AsyncJobExecutor:
         self.in_thread = in_thread  # runs sync handlers that take a session (None: no sync_bind)
         self.steps = JobExecutor(ctx)  # the shared failure and cancel steps, run in the greenlet
         self.session_permits = session_permits
+        self.watch_job = watch_job  # the watchdog's watch of a job's connection while it holds it
 
     async def run(self, held: Held) -> None:
         """Run one held job to its outcome."""
@@ -154,6 +159,7 @@ class AsyncJobExecutor:
         except asyncio.CancelledError:
             await in_greenlet(hand_back, ctx, [held])  # stopped before it started
             return
+        held.connecting_since = time.monotonic()  # the lease mode's watch gives up on a stalled checkout
         try:
             async with self.sessions() as session:
                 try:
@@ -169,14 +175,17 @@ class AsyncJobExecutor:
                 finally:
                     held.connecting_since = None
                 ctx.session_opened(1)
+                watch = self.watch_job(connection, raw.driver_connection)
                 try:
-                    await self._attempt(held, task, session, connection)
+                    await self._attempt(held, task, session, connection, watch)
                 finally:
+                    watch.release()
                     ctx.session_opened(-1)
         finally:
             self.session_permits.release()
 
-    async def _attempt(self, held: Held, task: Task, session: AsyncSession, connection: AsyncConnection) -> None:
+    async def _attempt(self, held: Held, task: Task, session: AsyncSession, connection: AsyncConnection,
+                       watch: JobWatch) -> None:
         ctx, repo, job = self.ctx, held.repo, held.job
         self._start(held, task)
         try:
@@ -192,7 +201,8 @@ class AsyncJobExecutor:
                 return
             ctx.books.release(job)
             await session.run_sync(lambda s: repo.complete(s, job))
-            await session.commit()
+            with watch.in_flight():  # a COMMIT stalled on the network is the watchdog's too
+                await session.commit()
         except JobLostError as lost:
             await session.rollback()
             log.warning("worker %s: %s; the handler's writes were rolled back", ctx.name, lost)

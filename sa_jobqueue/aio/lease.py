@@ -137,6 +137,9 @@ class AsyncLeaseMode:
         if again:
             self._spawn(self._hand_back(again))
         next_due = float("inf")
+        stall = self.ctx.options.stall_timeout
+        if stall is not None:
+            self._give_up_connecting(now, stall.total_seconds())
         for held in self.ctx.books.held():
             if held.deadline is None or held.finished or held.timed_out:
                 continue
@@ -146,6 +149,18 @@ class AsyncLeaseMode:
                 held.timed_out = True  # here, not in the task: the next watch must not time it out again
                 self._spawn(self._time_out(held))
         return next_due
+
+    def _give_up_connecting(self, now: float, stall: float) -> None:
+        """A job's session stalled in the pool's checkout (a pre-ping on a
+        half-open path, before the job holds the connection, so the watchdog
+        cannot see it): cancel its wait; the job hands itself back, unstarted."""
+        for task, held in self.slots.running.items():
+            if (held.started is None and not held.gave_up and held.connecting_since is not None
+                    and now - held.connecting_since >= stall):
+                held.gave_up = True
+                log.error("worker %s: job %s's session has waited %.0f s for a connection; the job is handed back "
+                          "unstarted", self.ctx.name, held.job.id, stall)
+                task.cancel()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

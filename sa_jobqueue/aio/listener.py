@@ -97,7 +97,7 @@ class AsyncListener:
             finally:
                 self.connected.clear()
                 if conn is not None:
-                    await _close(conn)
+                    await close_quietly(conn)
             await asyncio.sleep(backoff)
             backoff = min(self.max_backoff, backoff * 2)
 
@@ -135,7 +135,7 @@ class AsyncListener:
         self.on_connect()
 
 
-async def _close(conn: Any) -> None:
+async def close_quietly(conn: Any) -> None:
     """Close a driver connection, never raising (it may be broken already)."""
     try:
         if isinstance(conn, psycopg.AsyncConnection):

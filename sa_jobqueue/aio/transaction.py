@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from .. import signals
 from ..connections import driver_backend_pid, is_fatal_to_connection
@@ -50,6 +50,7 @@ from ..worker.failures import failure_of, record_failure, refuse_awaitable, time
 from ..worker.transaction import BatchReport
 from .executor import cancel_backend
 from .slots import wait_set
+from .watchdog import JobWatch, not_watched
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -67,12 +68,14 @@ class AsyncTransactionMode:
     """The transaction-mode strategy of the asyncio worker's loop."""
 
     def __init__(self, ctx: WorkerContext, sessions: async_sessionmaker[AsyncSession], threads: ThreadPoolExecutor,
-                 stopping: asyncio.Event, wake: Callable[[], None]) -> None:
+                 stopping: asyncio.Event, wake: Callable[[], None],
+                 watch_job: Callable[[AsyncConnection, Any], JobWatch] = not_watched) -> None:
         self.ctx = ctx
         self.wake = wake
         self.sessions = sessions
         self.threads = threads
         self.stopping = stopping
+        self.watch_job = watch_job  # the watchdog's watch of a batch's connection while it holds it
         self.running: dict[asyncio.Task[bool], None] = {}  # the batches in flight
         self._ran = self._empty = 0
         self._idle = asyncio.Event()
@@ -136,13 +139,17 @@ class AsyncTransactionMode:
                 ctx.back_off()
                 return False
             pid = driver_backend_pid(raw.driver_connection)
+            watch = self.watch_job(connection, raw.driver_connection)
             try:
                 batch = await self._run_batch(session, pid)
-                await session.commit()
+                with watch.in_flight():  # a COMMIT stalled on the network is the watchdog's too
+                    await session.commit()
             except BaseException as exc:
                 if isinstance(exc, asyncio.CancelledError) or is_fatal_to_connection(exc):
                     await connection.invalidate()  # interrupted or dead: never serve the next batch
                 raise  # the session's close rolls the batch back
+            finally:
+                watch.release()
         if batch is None:
             return False
         batch.settle(ctx)

@@ -49,7 +49,7 @@ from ..worker.context import Control, WorkerContext
 from ..worker.executor import JobExecutor
 from ..worker.face import WorkerFace
 from ..worker.maintenance import PeriodicPass, Reaper
-from ..worker.options import CLAIMERS, DEFAULT_SHUTDOWN_TIMEOUT, Mode, WorkerOptions
+from ..worker.options import CLAIMERS, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_STALL_TIMEOUT, Mode, WorkerOptions
 from ..worker.pace import Pacer
 from .binds import pool_capacity, sync_repositories, sync_sessions
 from .bridge import in_greenlet
@@ -58,6 +58,7 @@ from .lease import AsyncLeaseMode
 from .listener import AsyncListener
 from .shutdown import install_signal_handlers
 from .transaction import AsyncTransactionMode
+from .watchdog import WorkerWatch
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -94,6 +95,7 @@ class AsyncWorker(WorkerFace):
         periodic_interval: float = 1.0,
         shutdown_timeout: timedelta | float = DEFAULT_SHUTDOWN_TIMEOUT,
         job_timeout: timedelta | float | None = None,
+        stall_timeout: timedelta | None = DEFAULT_STALL_TIMEOUT,
     ) -> None:
         """``concurrency``: jobs in flight at once; ``threads``: sync handlers
         running at once; ``sync_bind``: the sessions of sync handlers that take
@@ -115,8 +117,8 @@ class AsyncWorker(WorkerFace):
         self.options = WorkerOptions.check(
             queues=queues, concurrency=concurrency, mode=mode, lease=lease, heartbeat_interval=heartbeat_interval,
             reap_interval=reap_interval, poll_interval=poll_interval, listen=listen, batch_size=batch_size,
-            name=name, stall_timeout=None, periodic_interval=periodic_interval, shutdown_timeout=shutdown_timeout,
-            job_timeout=job_timeout, max_stuck_slots=None,
+            name=name, stall_timeout=stall_timeout, periodic_interval=periodic_interval,
+            shutdown_timeout=shutdown_timeout, job_timeout=job_timeout, max_stuck_slots=None,
         )
         self.threads = positive_int("threads", threads)
         self._sync_sessions = sync_sessions(sync_bind)
@@ -174,12 +176,15 @@ class AsyncWorker(WorkerFace):
             self._request_stop(now=self._stop_before_run)
         own = await self._own_engine()
         ctx = self._context(own)
+        stall = self.options.stall_timeout
+        watch = WorkerWatch(self._engine, own, None if stall is None else stall.total_seconds())
         threads = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sa_jobqueue-sync")
         in_thread = JobExecutor(self._thread_context(ctx)) if self._sync_sessions is not None else None
-        executor = AsyncJobExecutor(ctx, self._sessions, threads, in_thread, asyncio.Semaphore(self.max_sessions))
+        executor = AsyncJobExecutor(ctx, self._sessions, threads, in_thread, asyncio.Semaphore(self.max_sessions),
+                                    watch.watch_job)
         mode: AsyncLeaseMode | AsyncTransactionMode = (
             AsyncLeaseMode(ctx, executor, wake.set) if self.options.mode == "lease"
-            else AsyncTransactionMode(ctx, self._sessions, threads, stopping, wake.set))
+            else AsyncTransactionMode(ctx, self._sessions, threads, stopping, wake.set, watch.watch_job))
         restore = install_signal_handlers(loop, self._signalled) if handle_signals else (lambda: None)
         listener = self._start_listener(mode) if self.options.listen and not until_empty else None
         try:
@@ -193,6 +198,7 @@ class AsyncWorker(WorkerFace):
                 await listener.stop()
             restore()
             threads.shutdown(wait=False, cancel_futures=True)
+            await watch.stop()
             await in_greenlet(own.dispose)
             self._loop = None
         return self.result
@@ -322,10 +328,11 @@ class AsyncWorker(WorkerFace):
     async def _own_engine(self) -> Engine:
         """The worker's own autocommit pool: the sync face of one, on the async driver."""
         # The dialect initializes itself on its engine's first connection:
-        # make that happen now, before two pools can race to it.
+        # make that happen now, before two pools can race to it; within the
+        # stall timeout, as a pooled connection's pre-ping may stall.
+        stall = self.options.stall_timeout
         try:
-            async with self._engine.connect():
-                pass
+            await asyncio.wait_for(_connect_once(self._engine), None if stall is None else stall.total_seconds())
         except Exception as exc:
             log.warning("worker %s: cannot connect yet (%r); the worker retries as it goes", self.name, exc)
         return worker_engine(self._engine.sync_engine, pool_size=CLAIMERS + 1, max_overflow=CLAIMERS + 1,
@@ -353,6 +360,11 @@ class AsyncWorker(WorkerFace):
         self._notified = True
         if self._wake is not None:
             self._wake.set()
+
+
+async def _connect_once(engine: AsyncEngine) -> None:
+    async with engine.connect():
+        pass
 
 
 async def _sleep(wake: asyncio.Event, seconds: float) -> None:

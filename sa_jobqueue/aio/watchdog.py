@@ -1,0 +1,318 @@
+"""AsyncWatchdog: frees the asyncio worker's connections stalled behind a half-open path.
+
+The thread worker's :mod:`~sa_jobqueue.watchdog`, for the event loop. A
+connection can stall with a statement in flight (a proxy, pooler or NAT in
+between stops forwarding while still acknowledging TCP): the coroutine that
+awaits it then waits forever, be it a job, a claim or the worker's own
+loop, and asyncpg has no TCP keepalives to notice even a vanished peer.
+
+What is watched: the statements of the worker's own engine (claims,
+heartbeats, reaps, completions), and those of the connection a job or a
+batch holds on the application's engine, while it holds it
+(:meth:`AsyncWatchdog.watch_job`); never the application's other
+connections. A statement is in flight from SQLAlchemy's
+``before_cursor_execute`` to its ``after_cursor_execute``, or, when it
+raised, to the next statement, a ``ROLLBACK``, the connection's return to
+the pool or the job's end; the worker marks the ``COMMIT`` of a job's, or
+a batch's, transaction with :meth:`JobWatch.in_flight`. The events are
+registered on the worker's own engine, and on each job's ``Connection``
+alone: the application's other statements never run them.
+
+The judgment is the thread watchdog's (:mod:`sa_jobqueue.stalls`): every
+``interval`` the watchdog's task looks at the statements in flight for
+``after`` seconds, and reads their backends' state in ``pg_stat_activity``
+over a connection of its own (made as the application's engine makes its
+connections); a backend idle on the server for as long, in two checks in a
+row of the same statement, is stalled. The watchdog terminates that
+backend, and breaks the client's side of the connection (psycopg: its
+socket is shut down; asyncpg: ``Connection.terminate()``), so that the
+awaiting call fails as a disconnect and the caller's usual error paths take
+over. A statement judged after a job raised mid-statement and went on
+without its session (no rollback, no other statement) is in a transaction
+that can no longer commit: ending it fails the attempt that would have
+failed anyway, with a disconnect for its error.
+
+What a caller may rely on: a statement running on the server is never
+interrupted, however long it takes; a backend the server does not list
+(behind PgBouncer) is never acted upon; a connection is broken only while
+the statement judged stalled is still in flight, decided and done in one
+step of the event loop that owns the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ..connections import driver_backend_pid, driver_connect
+from ..sockets import shutdown_socket
+from ..stalls import is_stalled, suspects
+from ..watchdog import WATCHDOG_APPLICATION_NAME
+from .bridge import in_greenlet
+from .listener import close_quietly
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+__all__ = ["AsyncWatchdog", "JobWatch", "WorkerWatch", "not_watched"]
+
+_STATES = {
+    "psycopg": "SELECT pid, state, extract(epoch FROM now() - state_change)::float8 "
+               "FROM pg_stat_activity WHERE pid = ANY(%s)",
+    "asyncpg": "SELECT pid, state, extract(epoch FROM now() - state_change)::float8 "
+               "FROM pg_stat_activity WHERE pid = ANY($1::int[])",
+}
+_TERMINATE = {"psycopg": "SELECT pg_terminate_backend(%s)", "asyncpg": "SELECT pg_terminate_backend($1)"}
+_NAME = {"psycopg": "SELECT set_config('application_name', %s, false)",
+         "asyncpg": "SELECT set_config('application_name', $1, false)"}
+
+
+@dataclass(eq=False)
+class _Record:
+    """A watched connection (see :class:`sa_jobqueue.stalls.InFlight`), read
+    and written in the event loop's thread only."""
+
+    pid: int
+    sever: Callable[[], None] = field(repr=False)  # breaks the client's side; only while a statement is in flight
+    since: float | None = None
+    statement: int = 0
+    idle_checks: int = 0
+
+    def started(self, *_: Any) -> None:
+        self.statement += 1
+        self.idle_checks = 0
+        self.since = time.monotonic()
+
+    def ended(self, *_: Any) -> None:
+        self.since = None
+
+
+def _record(driver_connection: Any) -> _Record | None:
+    """A record for a driver connection, or None when it cannot be watched."""
+    pid = driver_backend_pid(driver_connection)
+    if pid is None:
+        return None
+    terminate = getattr(driver_connection, "terminate", None)
+    if callable(terminate):  # asyncpg: closes its transport; the awaiting call fails
+        return _Record(pid, terminate)
+    fileno = getattr(driver_connection, "fileno", None)
+    if callable(fileno):  # psycopg: shut down, not closed; the awaiting read fails
+        fd = fileno()
+        return _Record(pid, lambda: shutdown_socket(fd))
+    return None
+
+
+class JobWatch:
+    """A job's hold on its watched connection, until :meth:`release`."""
+
+    def __init__(self, watchdog: AsyncWatchdog | None, connection: Any = None, record: _Record | None = None) -> None:
+        self._watchdog = watchdog
+        self._connection = connection
+        self._record = record
+
+    def in_flight(self) -> JobWatch:
+        """Watch a ``COMMIT``: ``with watch.in_flight(): await session.commit()``."""
+        return self
+
+    def __enter__(self) -> None:
+        if self._record is not None:
+            self._record.started()
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._record is not None:
+            self._record.ended()
+
+    def release(self) -> None:
+        """Stop watching; call it before the connection goes back to the pool."""
+        record, self._record = self._record, None
+        if record is not None and self._watchdog is not None:
+            record.ended()
+            self._watchdog._unwatch_job(self._connection, record)
+
+
+#: The watch of a connection that is not watched (no watchdog, or a driver it cannot break).
+NOT_WATCHED = JobWatch(None)
+
+_JOB_EVENTS = (("before_cursor_execute", "started"), ("after_cursor_execute", "ended"), ("rollback", "ended"))
+
+
+class AsyncWatchdog:
+    """A task that frees stalled connections (see the module docstring).
+
+    ``connect`` is awaited for each check (only when a statement is
+    suspect) and returns a driver connection of its own, closed after;
+    ``driver`` is ``"psycopg"`` or ``"asyncpg"``. A check that takes longer
+    than ``check_timeout`` seconds, connect included, is given up, logged,
+    and tried again at the next interval.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[Any]],
+        *,
+        driver: str,
+        after: float,
+        interval: float = 1.0,
+        check_timeout: float = 5.0,
+        application_name: str = WATCHDOG_APPLICATION_NAME,
+    ) -> None:
+        if driver not in _STATES:
+            raise ValueError(f"driver must be one of {sorted(_STATES)}, got {driver!r}")
+        self._connect = connect
+        self._driver = driver
+        self._after = after
+        self._interval = interval
+        self._check_timeout = check_timeout
+        self._application_name = application_name
+        self._key = object()  # this watchdog's entry in each own connection's info
+        self._records: weakref.WeakSet[_Record] = weakref.WeakSet()
+        #: Backends terminated so far (for logs and tests).
+        self.freed = 0
+        #: Looks at the watched statements completed so far (for tests).
+        self.looks = 0
+
+    # -- what is watched ------------------------------------------------------
+
+    def watch_engine(self, engine: Engine) -> Callable[[], None]:
+        """Watch every statement of ``engine`` (the worker's own, the sync
+        face of an async-adapted pool) until the returned function is called."""
+
+        def record_of(conn: Any) -> _Record | None:
+            info = conn.info
+            if self._key not in info:
+                made = info[self._key] = _record(conn.connection.driver_connection)  # None: not watchable
+                if made is not None:
+                    self._records.add(made)
+            record: _Record | None = info[self._key]
+            return record
+
+        def before(conn: Any, *_: Any) -> None:
+            record = record_of(conn)
+            if record is not None:
+                record.started()
+
+        def after(conn: Any, *_: Any) -> None:
+            record = conn.info.get(self._key)
+            if record is not None:
+                record.ended()
+
+        def checkin(dbapi_connection: Any, connection_record: Any) -> None:
+            record = None if connection_record is None else connection_record.info.get(self._key)
+            if record is not None:
+                record.ended()  # a statement that raised: its caller gave the connection back
+
+        listeners: list[tuple[Any, str, Callable[..., None]]] = [
+            (engine, "before_cursor_execute", before), (engine, "after_cursor_execute", after),
+            (engine.pool, "checkin", checkin),
+        ]
+        for target, name, fn in listeners:
+            event.listen(target, name, fn)
+
+        def unwatch() -> None:
+            for target, name, fn in listeners:
+                event.remove(target, name, fn)
+
+        return unwatch
+
+    def watch_job(self, connection: AsyncConnection, driver_connection: Any) -> JobWatch:
+        """Watch the statements of the connection a job (or a batch) holds,
+        and only those, until the returned watch is released."""
+        record = _record(driver_connection)
+        if record is None:
+            return NOT_WATCHED
+        sync = connection.sync_connection
+        for name, method in _JOB_EVENTS:
+            event.listen(sync, name, getattr(record, method))
+        self._records.add(record)
+        return JobWatch(self, sync, record)
+
+    def _unwatch_job(self, sync: Any, record: _Record) -> None:
+        self._records.discard(record)
+        for name, method in _JOB_EVENTS:
+            event.remove(sync, name, getattr(record, method))
+
+    # -- the task -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Look every ``interval`` seconds until cancelled; never raises otherwise."""
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                found = suspects(list(self._records), now=time.monotonic(), after=self._after)
+                if found:
+                    await asyncio.wait_for(self._check(found), self._check_timeout)
+            except asyncio.TimeoutError:
+                log.warning("watchdog: a check took longer than %.1f s; looking again", self._check_timeout)
+            except Exception:  # never let the watchdog die
+                log.exception("watchdog: check failed")
+            self.looks += 1
+
+    async def _check(self, found: list[tuple[_Record, int, float]]) -> None:
+        conn = await self._connect()
+        try:
+            await self._query(conn, _NAME, self._application_name)
+            rows = await self._query(conn, _STATES, sorted({record.pid for record, _, _ in found}))
+            states = {int(pid): (str(state), float(age or 0.0)) for pid, state, age in rows}
+            for record, statement, since in found:
+                state, age = states.get(record.pid, ("unknown", 0.0))
+                if not is_stalled(record, statement, state=state, age=age, after=self._after):
+                    continue
+                log.warning("watchdog: backend %s waited on for %.0f s but %s on the server: the connection is "
+                            "stalled; terminating it", record.pid, time.monotonic() - since, state)
+                try:
+                    await self._query(conn, _TERMINATE, record.pid)
+                except Exception as exc:
+                    log.warning("watchdog: could not terminate backend %s: %s", record.pid, exc)
+                # Decided and done in one step of the loop: the same statement is
+                # still in flight, so the connection is still open and the job's.
+                if record.statement == statement and record.since is not None:
+                    record.since = None
+                    record.sever()
+                self.freed += 1
+        finally:
+            await close_quietly(conn)
+
+    async def _query(self, conn: Any, queries: dict[str, str], param: Any) -> list[Any]:
+        if self._driver == "asyncpg":
+            return list(await conn.fetch(queries["asyncpg"], param))
+        cursor = await conn.execute(queries["psycopg"], (param,))
+        return list(await cursor.fetchall())
+
+
+def not_watched(connection: AsyncConnection, driver_connection: Any) -> JobWatch:
+    """:meth:`AsyncWatchdog.watch_job` of a worker without a watchdog."""
+    return NOT_WATCHED
+
+
+class WorkerWatch:
+    """A worker's watchdog from start to stop: ``watch_job`` for its executors,
+    ``await stop()`` when the worker ends. ``after`` None: no watchdog (nor
+    for a driver it cannot watch), and ``watch_job`` watches nothing."""
+
+    def __init__(self, engine: AsyncEngine, own: Engine, after: float | None) -> None:
+        self.watch_job: Callable[[AsyncConnection, Any], JobWatch] = not_watched
+        self._task: asyncio.Task[None] | None = None
+        self._unwatch: Callable[[], None] = lambda: None
+        driver = engine.dialect.driver
+        if after is None or driver not in _STATES:
+            return
+        connect = driver_connect(engine.sync_engine)
+        watchdog = AsyncWatchdog(lambda: in_greenlet(connect), driver=driver, after=after)
+        self.watchdog = watchdog
+        self._unwatch = watchdog.watch_engine(own)
+        self.watch_job = watchdog.watch_job
+        self._task = asyncio.get_running_loop().create_task(watchdog.run(), name="sa_jobqueue-watchdog")
+
+    async def stop(self) -> None:
+        self._unwatch()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
