@@ -215,6 +215,9 @@ async def _run_async(job: ChaosJob, session: Any) -> None:
     import asyncio
 
     _record_start(job)
+    if job.payload.get("hold"):
+        # As _run: open the job's transaction on its connection before sleeping.
+        await session.execute(text(HOLD_QUERY))
     await asyncio.sleep(float(job.payload.get("sleep", 0)))
     if job.attempts <= int(job.payload.get("fail", 0)):
         raise RuntimeError(f"planned failure at attempt {job.attempts}")

@@ -145,7 +145,7 @@ def test_network_cut_by_the_proxy(make_run: MakeRun, proxy: TcpProxy, mode: str)
     _drain(run, inject, _listeners_back)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + AIO_MODES)
 def test_half_open_connections_behind_the_proxy(make_run: MakeRun, proxy: TcpProxy, mode: str) -> None:
     """At 30% of the drain the proxy stops forwarding on every open connection
     and keeps the sockets open; new connections work. Workers must notice
@@ -163,7 +163,7 @@ def test_half_open_connections_behind_the_proxy(make_run: MakeRun, proxy: TcpPro
     _drain(run, inject, _listeners_back)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + AIO_MODES)
 def test_one_stalled_job_connection(make_run: MakeRun, proxy: TcpProxy, mode: str) -> None:
     """One worker (4 slots) drains 1,000 jobs; the job at 20% of the enqueue
     opens its transaction and sleeps 2 s, and while it sleeps the proxy stalls
