@@ -251,8 +251,11 @@ def _work_async(args: argparse.Namespace, driver: str, mode: str) -> None:
     url = psycopg_url(args.url).set(drivername=f"postgresql+{driver}")
 
     async def main() -> dict[str, Any]:
-        engine = create_async_engine(url, pool_size=args.concurrency + 1, max_overflow=2, pool_pre_ping=True,
-                                     connect_args=options)
+        if args.null_pool:  # a new connection for every session
+            engine = create_async_engine(url, poolclass=NullPool, pool_pre_ping=True, connect_args=options)
+        else:
+            engine = create_async_engine(url, pool_size=args.concurrency + 1, max_overflow=2, pool_pre_ping=True,
+                                         connect_args=options)
         worker = AsyncWorker(engine, jobs, async_tasks, concurrency=args.concurrency, mode=mode,  # type: ignore[arg-type]
                              lease=timedelta(seconds=args.lease), poll_interval=args.poll, listen=args.listen,
                              batch_size=args.batch_size)

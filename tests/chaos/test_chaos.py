@@ -397,7 +397,7 @@ def test_rows_the_client_cannot_decode(make_run: MakeRun, mode: str) -> None:
 READ_ONLY = r"read-only transaction"
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + AIO_MODES)
 def test_a_read_only_period(make_run: MakeRun, mode: str) -> None:
     """At 30% of the drain, ``ALTER DATABASE … SET default_transaction_read_only
     = on`` and terminate every worker backend (job sessions and the worker's
@@ -558,7 +558,7 @@ def _slow_enough(i: int, rng: random.Random) -> tuple[str, dict[str, Any]]:
     return "effect", {"sleep": round(rng.uniform(0.02, 0.06), 4)}
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + AIO_MODES)
 def test_max_connections_exhausted(make_run: MakeRun, mode: str) -> None:
     """At 2% of the drain, the test opens connections to the server (raw
     psycopg, as another application would; four threads) until it refuses
@@ -625,7 +625,7 @@ def test_max_connections_exhausted(make_run: MakeRun, mode: str) -> None:
             problems.append(f"the server was not filled: {refused[:1]}")
         hit = run.log_records(TOO_MANY)
         unstarted = [r for r in hit if "handed back unstarted" in r.text]
-        batches = [r for r in hit if "job slot failed" in r.text]
+        batches = [r for r in hit if "job slot failed" in r.text or "a batch failed" in r.text]
         own = [r for r in hit if re.search(OWN_STATEMENT_FAILED, r.text)]
         run.notes.append(f"{len(hit)} worker log records of a refused connection: {len(unstarted)} job sessions "
                          f"handed back unstarted, {len(batches)} batches that could not connect, {len(own)} "
@@ -634,7 +634,7 @@ def test_max_connections_exhausted(make_run: MakeRun, mode: str) -> None:
         if lost_hand_backs:
             run.notes.append(f"{len(lost_hand_backs)} hand-back(s) failed (the worker's own pool could not connect "
                              "either), leaving their jobs to the reaper, which counts the attempt")
-        if not (unstarted if mode == "lease" else batches):
+        if not (unstarted if _leases(mode) else batches):
             problems.append("no job session (lease mode) or batch (transaction mode) was refused a connection: "
                             "the fault did not bite")
         return problems
