@@ -53,9 +53,9 @@ def median(values: list[float]) -> float | None:
 
 
 def label(name: str) -> str:
-    if name.startswith("drain-"):
-        _, kind, c = name.split("-")
-        return f"drain {kind}, C={c}"
+    if name.startswith("drain-"):  # drain-a-4, drain-async-b-asyncpg-4
+        *kind, c = name.split("-")[1:]
+        return f"drain {' '.join(kind)}, C={c}"
     return name
 
 

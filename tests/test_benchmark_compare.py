@@ -1,0 +1,30 @@
+"""benchmarks/compare.py names every figure benchmarks/run.py reports (no database)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+
+def _compare() -> ModuleType:
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "compare.py"
+    spec = importlib.util.spec_from_file_location("sajq_benchmarks_compare", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_labels_of_the_thread_and_the_asyncio_drains() -> None:
+    label = _compare().label
+    assert label("drain-a-4") == "drain a, C=4"
+    assert label("drain-async-b-asyncpg-4") == "drain async b asyncpg, C=4"
+    assert label("enqueue") == "enqueue"
+
+
+def test_a_report_of_asyncio_drains() -> None:
+    compare = _compare()
+    rounds = [({"drain-async-a-psycopg-4": [100.0]}, {"drain-async-a-psycopg-4": [95.0]})]
+    text = compare.report("before", "after", rounds, 0.10, [])
+    assert "| drain async a psycopg, C=4 | 100.0 | 95.0 | 0.95 | 0.95 to 0.95 | ok |" in text
