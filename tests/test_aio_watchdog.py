@@ -130,10 +130,12 @@ async def test_a_long_statement_is_left_alone(proxied: tuple[TcpProxy, AsyncEngi
 
 
 async def test_a_jobs_connection_is_watched_while_the_job_holds_it(proxied: tuple[TcpProxy, AsyncEngine]) -> None:
-    """``watch_job``: a connection of the application's engine is watched
-    from ``watch_job`` until its release; one released is not, nor any other."""
+    """``watch_jobs`` and ``watch_job``: a connection of the application's
+    engine is watched from ``watch_job`` until its release; one released is
+    not, nor any other."""
     proxy, app = proxied
     watchdog = _watchdog(app, after=1.0, interval=0.2)
+    unwatch = watchdog.watch_jobs(app.sync_engine)
     async with app.connect() as held, app.connect() as released:
         for conn in (held, released):
             await conn.execute(text("SELECT 1"))
@@ -155,6 +157,7 @@ async def test_a_jobs_connection_is_watched_while_the_job_holds_it(proxied: tupl
                 await asyncio.wait_for(waiting, 30)
         finally:
             task.cancel()
+            unwatch()
 
 
 async def _true(value: bool) -> bool:
@@ -271,3 +274,23 @@ def _completed(engine: Engine, job_id: int) -> bool:
         return session.get(TaskJob, job_id) is None and bool(
             session.scalars(select(Ledger.job_id).where(Ledger.job_id == job_id)).all())
 
+
+
+async def test_the_workers_listeners_leave_the_applications_engine_when_it_stops(async_engine: AsyncEngine) -> None:
+    """While it runs, the worker's statement listeners are on the
+    application's engine; once it returns, none is left."""
+    names = ("before_cursor_execute", "after_cursor_execute", "rollback")
+    engine = async_engine.sync_engine
+    seen: list[bool] = []
+    registry = TaskRegistry()
+
+    @registry.task
+    async def look(job: TaskJob, session: AsyncSession) -> None:
+        seen.append(all(len(getattr(engine.dispatch, name)) == 1 for name in names))
+
+    sessions = async_sessionmaker(async_engine, expire_on_commit=False)
+    async with sessions.begin() as session:
+        await jobs.enqueue(session, "look")
+    await AsyncWorker(sessions, jobs, registry, listen=False).run(until_empty=True, handle_signals=False)
+    assert seen == [True]
+    assert all(len(getattr(engine.dispatch, name)) == 0 for name in names)

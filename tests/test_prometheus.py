@@ -6,12 +6,15 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
+import pytest
 from jobapp import TaskJob, jobs
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobqueue import JobSpec, RetryPolicy, TaskRegistry, Worker
+from sa_jobqueue.aio import AsyncJobRepository, AsyncWorker
 from sa_jobqueue.prometheus import JobMetrics, QueueCollector
 
 
@@ -80,3 +83,43 @@ def test_queue_depth_and_latency_at_scrape_time(engine: Engine, sessions: sessio
     assert prom.get_sample_value(
         "sa_jobqueue_oldest_runnable_age_seconds", {"table": "task_jobs", "queue": "b"}
     ) is None
+
+
+@pytest.mark.anyio
+async def test_the_asyncio_worker_feeds_the_same_counters(async_engine: AsyncEngine) -> None:
+    """AsyncWorker sends the worker signals the thread worker sends: async
+    handlers with and without the job's AsyncSession, a failure retried, then dead."""
+    registry = TaskRegistry()
+
+    @registry.task("ok")
+    async def ok(job: TaskJob) -> None:
+        pass
+
+    @registry.task("ok_in_session")
+    async def ok_in_session(job: TaskJob, session: AsyncSession) -> None:
+        pass
+
+    @registry.task("bad", retry=RetryPolicy(base=timedelta(0), max_delay=timedelta(0), jitter=0))
+    async def bad(job: TaskJob, session: AsyncSession) -> None:
+        raise RuntimeError("no")
+
+    sessions = async_sessionmaker(async_engine, expire_on_commit=False)
+    async_jobs = AsyncJobRepository(TaskJob)
+    async with sessions.begin() as session:
+        await async_jobs.enqueue_many(session, [JobSpec("ok", queue="q") for _ in range(3)]
+                                      + [JobSpec("ok_in_session", queue="q")])
+        await async_jobs.enqueue(session, "bad", queue="q", max_attempts=2)
+    prom = CollectorRegistry()
+    metrics = JobMetrics(prom).connect()
+    try:
+        await AsyncWorker(sessions, async_jobs, registry, queues="q", concurrency=2, listen=False).run(
+            until_empty=True, handle_signals=False)
+    finally:
+        metrics.disconnect()
+    assert _value(prom, "sa_jobqueue_jobs_started_total", task="ok", queue="q") == 3
+    assert _value(prom, "sa_jobqueue_jobs_succeeded_total", task="ok", queue="q") == 3
+    assert _value(prom, "sa_jobqueue_jobs_succeeded_total", task="ok_in_session", queue="q") == 1
+    assert _value(prom, "sa_jobqueue_jobs_started_total", task="bad", queue="q") == 2
+    assert _value(prom, "sa_jobqueue_jobs_failed_total", task="bad", queue="q", status="pending") == 1
+    assert _value(prom, "sa_jobqueue_jobs_failed_total", task="bad", queue="q", status="dead") == 1
+    assert _value(prom, "sa_jobqueue_job_duration_seconds_count", task="ok", queue="q", outcome="succeeded") == 3
