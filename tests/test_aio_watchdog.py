@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 from jobapp import Ledger, TaskJob
-from sqlalchemy import Engine, event, select, text
+from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
-from tcpproxy import TcpProxy
+from tcpproxy import TcpProxy, local_port
 from test_watchdog import _upstream
 
 from sa_jobqueue import RetryPolicy, TaskRegistry
@@ -294,3 +294,50 @@ async def test_the_workers_listeners_leave_the_applications_engine_when_it_stops
     await AsyncWorker(sessions, jobs, registry, listen=False).run(until_empty=True, handle_signals=False)
     assert seen == [True]
     assert all(len(getattr(engine.dispatch, name)) == 0 for name in names)
+
+
+async def test_a_sync_handlers_commit_stalled_on_the_network_is_freed(db_url: URL, async_engine: AsyncEngine,
+                                                                      engine: Engine) -> None:
+    """A sync handler that takes a session runs in a thread on ``sync_bind``:
+    its connection is the thread watchdog's while it holds it. Its first
+    COMMIT stalls (that connection alone frozen, in ``before_commit``); the
+    watchdog ends it, nothing of that run commits, and the job runs again
+    and completes."""
+    with TcpProxy(_upstream(db_url)) as proxy:
+        sync_app = create_engine(db_url.set(host="127.0.0.1", port=proxy.port, query={}))
+        try:
+            sync_sessions = sessionmaker(sync_app, expire_on_commit=False)
+            ports: list[int] = []
+            runs: list[int] = []
+            frozen: list[int] = []
+
+            @event.listens_for(sync_sessions, "before_commit")
+            def stall_the_first_commit(session: Session) -> None:
+                if ports and not frozen:
+                    frozen.append(proxy.half_open(client_ports={ports[0]}))
+
+            registry = TaskRegistry()
+
+            @registry.task(retry=RetryPolicy(base=timedelta(0), jitter=0.0))
+            def commit_stalls_once(job: TaskJob, session: Session) -> None:
+                runs.append(job.id)
+                ports.append(local_port(session.connection().connection.dbapi_connection.fileno()))  # type: ignore[union-attr]
+                session.add(Ledger(job_id=job.id))
+
+            sessions = async_sessionmaker(async_engine, expire_on_commit=False)
+            async with sessions.begin() as session:
+                job_id = (await jobs.enqueue(session, "commit_stalls_once")).id
+            worker = AsyncWorker(sessions, jobs, registry, sync_bind=sync_sessions, concurrency=1,
+                                 poll_interval=0.05, listen=False, stall_timeout=timedelta(seconds=1),
+                                 shutdown_timeout=timedelta(seconds=5))
+            running = asyncio.ensure_future(worker.run(handle_signals=False))
+            try:
+                await _wait(lambda: asyncio.to_thread(lambda: _completed(engine, job_id)), 60,
+                            "the job to complete after its stalled COMMIT was freed")
+            finally:
+                worker.stop()
+                await asyncio.wait_for(running, 30)
+            assert frozen == [1] and runs == [job_id, job_id]  # the stalled run committed nothing
+        finally:
+            proxy.stop()
+            sync_app.dispose()

@@ -56,10 +56,11 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ..connections import driver_backend_pid, driver_connect
+from ..connections import driver_backend_pid, driver_connect, raw_connect
+from ..inflight import ConnectionWatch
 from ..sockets import shutdown_socket
 from ..stalls import is_stalled, suspects
-from ..watchdog import WATCHDOG_APPLICATION_NAME
+from ..watchdog import WATCHDOG_APPLICATION_NAME, Watchdog
 from .bridge import in_greenlet
 from .listener import close_quietly
 
@@ -330,16 +331,28 @@ def not_watched(connection: AsyncConnection, driver_connection: Any) -> JobWatch
 
 
 class WorkerWatch:
-    """A worker's watchdog from start to stop: ``watch_job`` for its executors,
-    ``await stop()`` when the worker ends. ``after`` None: no watchdog (nor
-    for a driver it cannot watch), and ``watch_job`` watches nothing."""
+    """A worker's watchdogs from start to stop: ``watch_job`` for its
+    executors, ``watch_connection`` for the thread context of its sync
+    handlers that take a session (a thread :class:`~sa_jobqueue.watchdog.Watchdog`
+    on ``sync_engine``, psycopg only), ``await stop()`` when the worker
+    ends. ``after`` None: no watchdog, and nothing is watched (nor on a
+    driver a watchdog cannot watch)."""
 
-    def __init__(self, engine: AsyncEngine, own: Engine, after: float | None) -> None:
+    def __init__(self, engine: AsyncEngine, own: Engine, after: float | None,
+                 sync_engine: Engine | None = None) -> None:
         self.watch_job: Callable[[AsyncConnection, Any], JobWatch] = not_watched
+        self.watch_connection: Callable[[Any], ConnectionWatch] | None = None
         self._task: asyncio.Task[None] | None = None
         self._unwatch: Callable[[], None] = lambda: None
+        self._threaded: Watchdog | None = None
+        if after is None:
+            return
+        if sync_engine is not None and sync_engine.dialect.driver == "psycopg":
+            self._threaded = Watchdog(raw_connect(sync_engine), after=after)
+            self.watch_connection = self._threaded.watch_jobs()
+            self._threaded.start()
         driver = engine.dialect.driver
-        if after is None or driver not in _STATES:
+        if driver not in _STATES:
             return
         connect = driver_connect(engine.sync_engine)
         watchdog = AsyncWatchdog(lambda: in_greenlet(connect), driver=driver, after=after)
@@ -359,3 +372,5 @@ class WorkerWatch:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._threaded is not None:
+            await asyncio.to_thread(self._threaded.stop)  # joins its thread: not on the loop

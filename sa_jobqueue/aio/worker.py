@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..checks import positive_int
 from ..connections import driver_connect, worker_engine
 from ..errors import InvalidArgumentError
+from ..inflight import ConnectionWatch
 from ..periodic import PeriodicScheduler
 from ..registry import TaskRegistry
 from ..repository import DEFAULT_LEASE, check_repositories, default_worker_name
@@ -177,9 +178,12 @@ class AsyncWorker(WorkerFace):
         own = await self._own_engine()
         ctx = self._context(own)
         stall = self.options.stall_timeout
-        watch = WorkerWatch(self._engine, own, None if stall is None else stall.total_seconds())
+        sync_engine = None if self._sync_sessions is None else self._sync_sessions.kw.get("bind")
+        watch = WorkerWatch(self._engine, own, None if stall is None else stall.total_seconds(),
+                            sync_engine if isinstance(sync_engine, Engine) else None)
         threads = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sa_jobqueue-sync")
-        in_thread = JobExecutor(self._thread_context(ctx)) if self._sync_sessions is not None else None
+        in_thread = (JobExecutor(self._thread_context(ctx, watch.watch_connection))
+                     if self._sync_sessions is not None else None)
         executor = AsyncJobExecutor(ctx, self._sessions, threads, in_thread, asyncio.Semaphore(self.max_sessions),
                                     watch.watch_job)
         mode: AsyncLeaseMode | AsyncTransactionMode = (
@@ -314,7 +318,8 @@ class AsyncWorker(WorkerFace):
             pacer=_pacer(self.options), sender=self,
         )
 
-    def _thread_context(self, ctx: WorkerContext) -> WorkerContext:
+    def _thread_context(self, ctx: WorkerContext,
+                        watch_connection: Callable[[Any], ConnectionWatch] | None) -> WorkerContext:
         """What sync handlers that take a session run with, in a thread: the
         same books, completer and pacer, and ``sync_bind``'s sessions for
         everything they write (a thread cannot use the async engine)."""
@@ -322,7 +327,7 @@ class AsyncWorker(WorkerFace):
         return WorkerContext(
             options=ctx.options, name=ctx.name, tasks=ctx.tasks, repositories=ctx.repositories,
             sessions=self._sync_sessions, control=Control(None, self._sync_sessions), books=ctx.books,
-            completer=ctx.completer, pacer=ctx.pacer, sender=self,
+            completer=ctx.completer, pacer=ctx.pacer, sender=self, watch_connection=watch_connection,
         )
 
     async def _own_engine(self) -> Engine:
