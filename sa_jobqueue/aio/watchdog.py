@@ -90,12 +90,12 @@ class _Record:
     statement: int = 0
     idle_checks: int = 0
 
-    def started(self, *_: Any) -> None:
+    def started(self) -> None:
         self.statement += 1
         self.idle_checks = 0
         self.since = time.monotonic()
 
-    def ended(self, *_: Any) -> None:
+    def ended(self) -> None:
         self.since = None
 
 
