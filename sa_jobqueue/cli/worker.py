@@ -20,6 +20,7 @@ from .errors import CliError, CliUsageError, OneLineCommand, first_line
 from .event_loop import run_in_event_loop
 from .formatting import seconds
 from .state import cli_state, import_object, model_option, repository_for
+from .supervisor import Supervisor
 from .worker_flags import result_line, shutdown_options, shutdown_timeout_option
 
 __all__ = ["worker_command"]
@@ -45,11 +46,14 @@ WORKER_OPTIONS = {
 @shutdown_timeout_option
 @click.option("--job-timeout", default=None, metavar="SECONDS", callback=seconds(positive=True),
               help="Deadline of the jobs whose task sets none (default: none).")
+@click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes, run and restarted by a supervisor (this command).")
 @model_option
 @click.pass_context
 def worker_command(
     ctx: click.Context, import_path: str, queues: tuple[str, ...], concurrency: int, mode: str, listen: bool,
     batch_size: int | None, name: str | None, shutdown_timeout: float, job_timeout: float | None, model_path: str,
+    processes: int,
 ) -> None:
     """Run a worker until SIGINT or SIGTERM.
 
@@ -57,9 +61,13 @@ def worker_command(
     on the database URL, or a zero-argument factory returning a configured
     Worker or AsyncWorker (the factory builds its own engine; the worker
     options here are then refused). A registry with async def handlers runs
-    in the asyncio worker, on uvloop when it is installed.
+    in the asyncio worker, on uvloop when it is installed. With --processes N
+    this command supervises N worker processes, each running it with the
+    same options (see docs/operations.md).
     """
-    target = import_object(import_path, "IMPORT_PATH")
+    target = import_object(import_path, "IMPORT_PATH")  # a bad path fails here, before any process starts
+    if processes > 1:
+        raise SystemExit(Supervisor(lambda n: _worker_process_command(name, n), processes).run())
     if isinstance(target, TaskRegistry):
         _run_registry(ctx, target, queues=queues, concurrency=concurrency, mode=mode, listen=listen,
                       batch_size=batch_size, name=name, shutdown_timeout=shutdown_timeout, job_timeout=job_timeout,
@@ -86,6 +94,13 @@ def worker_command(
             f"IMPORT_PATH: {import_path} is a {type(target).__name__}; name a TaskRegistry "
             "or a zero-argument function returning a Worker"
         )
+
+
+def _worker_process_command(name: str | None, number: int) -> list[str]:
+    """This command line, run as the ``number``-th worker process: a later
+    option wins in click; a name given is the process's with ``-number``."""
+    named = [] if name is None else ["--name", f"{name}-{number}"]
+    return [sys.executable, "-m", "sa_jobqueue.cli", *sys.argv[1:], "--processes", "1", *named]
 
 
 def _run_registry(
