@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import cli_tasks
 import jobapp
 import psycopg
 import pytest
@@ -43,6 +44,18 @@ def server_url() -> Iterator[URL]:
         return
     with embedded_postgres() as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def cli_url(create_database: Callable[[], URL]) -> Iterator[str]:
+    """A database with the default job table and tests/cli_tasks.py's ledger, as a
+    postgresql:// string (what users type), for tests that run the ``sa-jobqueue`` command."""
+    url = create_database()
+    engine = create_engine(url)
+    Job.metadata.create_all(engine)
+    cli_tasks.Base.metadata.create_all(engine)
+    engine.dispose()
+    yield url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 @pytest.fixture(scope="session")

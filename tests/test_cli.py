@@ -16,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,7 +24,6 @@ import cli_tasks
 import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine, create_engine, func, select, text, update
-from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from waiting import wait_for
 
@@ -36,17 +35,6 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 CLI_DOC = ROOT / "docs" / "cli.md"
 repo = JobRepository(Job)
-
-
-@pytest.fixture(scope="module")
-def cli_url(create_database: Callable[[], URL]) -> Iterator[str]:
-    """A database with the default job table, as a postgresql:// string (what users type)."""
-    url = create_database()
-    engine = create_engine(url)
-    Job.metadata.create_all(engine)
-    cli_tasks.Base.metadata.create_all(engine)
-    engine.dispose()
-    yield url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 @pytest.fixture(scope="module")

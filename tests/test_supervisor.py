@@ -11,13 +11,10 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cli_tasks
-import pytest
 from sqlalchemy import Engine, create_engine, func, select
-from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from waiting import wait_for
 
@@ -63,16 +60,6 @@ class _Stderr:
     def text(self) -> str:
         with self._lock:
             return "".join(self.lines)
-
-
-@pytest.fixture
-def cli_url(create_database: Callable[[], URL]) -> Iterator[str]:
-    url = create_database()
-    engine = create_engine(url)
-    Job.metadata.create_all(engine)
-    cli_tasks.Base.metadata.create_all(engine)
-    engine.dispose()
-    yield url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def _alive(pid: int) -> bool:
