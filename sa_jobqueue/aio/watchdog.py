@@ -17,9 +17,9 @@ the pool or the job's end; the worker marks the ``COMMIT`` of a job's, or
 a batch's, transaction with :meth:`JobWatch.in_flight`. The listeners are
 registered once, on the worker's own engine and, while the worker runs, on
 the application's: a statement of a connection no job holds costs them one
-lookup in its connection's ``info``. (Listeners registered per job, on the
-job's ``Connection`` alone, cost about 300 µs per job on psycopg: a
-quarter of a job's time in a drain.)
+lookup in its connection's ``info``. (Listeners added and removed per job,
+on the job's ``Connection`` alone, cost about 50 µs per job on psycopg,
+and the session drain measured 0.8x with them: docs/asyncio.md.)
 
 The judgment is the thread watchdog's (:mod:`sa_jobqueue.stalls`): every
 ``interval`` the watchdog's task looks at the statements in flight for
