@@ -54,6 +54,7 @@ class AsyncLeaseMode:
         self.claiming: set[asyncio.Task[bool]] = set()
         self._hits = self._misses = 0
         self._side_tasks: set[asyncio.Task[Any]] = set()  # time-outs and hand backs run by the watch
+        self._next_connect_check = 0.0  # when the watch next looks for sessions stalled in their checkout
 
     # -- the loop's step -----------------------------------------------------
 
@@ -138,7 +139,10 @@ class AsyncLeaseMode:
             self._spawn(self._hand_back(again))
         next_due = float("inf")
         stall = self.ctx.options.stall_timeout
-        if stall is not None:
+        if stall is not None and now >= self._next_connect_check:
+            # Once a second, not at every wake: it scans every running job, and
+            # the timeout it enforces is counted in seconds.
+            self._next_connect_check = now + 1.0
             self._give_up_connecting(now, stall.total_seconds())
         for held in self.ctx.books.held():
             if held.deadline is None or held.finished or held.timed_out:

@@ -356,7 +356,6 @@ class WorkerWatch:
             return
         connect = driver_connect(engine.sync_engine)
         watchdog = AsyncWatchdog(lambda: in_greenlet(connect), driver=driver, after=after)
-        self.watchdog = watchdog
         unwatch_own, unwatch_jobs = watchdog.watch_engine(own), watchdog.watch_jobs(engine.sync_engine)
 
         def unwatch() -> None:
