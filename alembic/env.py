@@ -36,6 +36,7 @@ from sqlalchemy.engine import Connection
 
 from alembic import context
 from sa_jobqueue.default import Base
+from sa_jobqueue.migrations import CALLERS_TRANSACTION
 from sa_jobqueue.periodic import PeriodicBase
 from sa_jobqueue.urls import psycopg_url
 
@@ -79,6 +80,10 @@ COMPARE_OPTIONS: dict[str, Any] = {
     # Alembic asks PostgreSQL itself whether two defaults are equal, so
     # '{}' vs '{}'::jsonb or 'pending' vs 'pending'::character varying match.
     "compare_server_default": True,
+    # A revision with an autocommit block (0004 builds an index
+    # CONCURRENTLY) commits what ran before it: one transaction per revision
+    # keeps each revision whole and its version row with it.
+    "transaction_per_migration": True,
 }
 
 
@@ -104,8 +109,11 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
-def _run_on(connection: Connection) -> None:
-    context.configure(connection=connection, **COMPARE_OPTIONS)
+def _run_on(connection: Connection, *, handed_over: bool = False) -> None:
+    # A connection handed over with its transaction begun keeps every
+    # revision in that transaction (docs/alembic.md): no autocommit blocks.
+    callers = handed_over and connection.in_transaction()
+    context.configure(connection=connection, **COMPARE_OPTIONS, **{CALLERS_TRANSACTION: callers})
     with context.begin_transaction():
         context.run_migrations()
 
@@ -114,7 +122,7 @@ def run_migrations_online() -> None:
     """Run on ``config.attributes["connection"]`` if given, else on ``DATABASE_URL``."""
     connection = config.attributes.get("connection")
     if connection is not None:
-        _run_on(connection)
+        _run_on(connection, handed_over=True)
         return
     url = _database_url()
     if url is None:

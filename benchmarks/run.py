@@ -55,7 +55,7 @@ from common import (  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 
 WORKLOADS = ("enqueue", "enqueue-async", "bulk", "textbook", "batch", "drain-a", "drain-b", "drain-c", "drain-async",
-             "latency", "io", "rss")
+             "latency", "io", "rss", "claim-scale")
 GROUPS = {"drain": ("textbook", "batch", "drain-a", "drain-b", "drain-c")}
 PATHS = {
     "a": "lease + batched completion (handler without session)",
@@ -122,6 +122,7 @@ class Bench:
         self.values: dict[str, list[float]] = defaultdict(list)  # figure -> one value per run
         self.extra: dict[str, list[float]] = defaultdict(list)  # worker CPU and RSS per drain
         self.seconds: dict[str, float] = defaultdict(float)  # wall time spent per workload
+        self.plans: dict[str, list[str]] = {}  # EXPLAIN ANALYZE of the claim-scale scenarios, last run
 
     def timed(self, name: str, body: Callable[[], None]) -> None:
         started = time.monotonic()
@@ -358,6 +359,25 @@ class Bench:
         for label, value in (("p50", cuts[49]), ("p95", cuts[94]), ("p99", cuts[98])):
             self.values[f"latency-{kind}-{label}"].append(value)
 
+    # claims at scale ---------------------------------------------------------------------
+
+    def claim_scale(self) -> None:
+        """A claim of 10 from a small queue, alone and beside a backlog (benchmarks/claims.py)."""
+        import claims
+
+        from sa_jobqueue.default import Job
+
+        for scenario in claims.SCENARIOS:
+            with self.dbs.fresh() as url:
+                dsn = libpq(url)
+                claims.load(dsn, TABLE, scenario, self.args.claim_backlog)
+                for mode, ms in claims.time_claims(url, self.args.claim_samples).items():
+                    self.values[f"claim-{scenario}-{mode}"].append(ms)
+                if scenario != "small":
+                    for mode in claims.MODES:
+                        plan, _ = claims.explain_claim(dsn, Job, [claims.SMALL_QUEUE], claims.LIMIT, mode, "TEXT")
+                        self.plans[f"{scenario}, plan_cache_mode = {mode}"] = plan
+
     # memory ------------------------------------------------------------------------------
 
     def rss(self) -> None:
@@ -418,6 +438,9 @@ def run(args: argparse.Namespace) -> int:
                     bench.timed("latency", lambda: bench.latency("batch"))
                     bench.timed("latency", lambda: bench.latency("sajq"))
                     bench.timed("latency", lambda: bench.latency("sajq-async"))
+                if bench.wanted("claim-scale"):
+                    log(f"  claims beside a backlog of {args.claim_backlog:,} jobs")
+                    bench.timed("claim-scale", bench.claim_scale)
             if bench.wanted("rss"):
                 log(f"rss: {args.rss_jobs[1]:,} jobs")
                 bench.timed("rss", bench.rss)
@@ -546,6 +569,16 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
         row(f"worker peak RSS after {first:,} jobs (path a)", "4", m.get("rss-first"), "MB", tb_rss, bt_rss)
         row(f"worker peak RSS after {total:,} jobs (path a)", "4", m.get("rss-total"), "MB", tb_rss, bt_rss,
             f"{rx(ratio(m.get('rss-total'), m.get('rss-first')))} the {first:,}-job figure")
+    if bench.wanted("claim-scale"):
+        import claims
+
+        for scenario, text in claims.SCENARIOS.items():
+            for mode in claims.MODES:
+                value = m.get(f"claim-{scenario}-{mode}")
+                alone = m.get(f"claim-small-{mode}")
+                row(f"claim of {claims.LIMIT} from a small queue: {text}; plan_cache_mode = {mode} "
+                    f"(backlog {args.claim_backlog:,})", "1", value, "ms", None, None,
+                    f"{rx(ratio(value, alone))} the small table's", lower_is_better=True)
     w("")
     w("Ratios: drains against the reference loops at the same concurrency; enqueue and bulk against the loops "
       f"at C={c1} (how their rate compares with what one connection drains); latency against the raw batch "
@@ -601,6 +634,24 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
                shown=None if growth is None else f"{(growth - 1) * 100:+.1f}%")
     else:
         target("worker RSS, 100,000 vs 10,000 jobs", "grows < 10%", None, lambda v: True)
+    if bench.wanted("claim-scale"):
+        for scenario in ("other-queue", "scheduled"):
+            for mode in ("auto", "force_generic_plan"):
+                target(f"claim from a small queue, {scenario} backlog of {args.claim_backlog:,}, {mode}",
+                       "<= 2x the same claim on the small table alone",
+                       ratio(m.get(f"claim-{scenario}-{mode}"), m.get(f"claim-small-{mode}")), lambda v: v <= 2)
+    if bench.plans:
+        w("")
+        w("### Claim plans (EXPLAIN ANALYZE, BUFFERS; last run)")
+        for label, plan in bench.plans.items():
+            w("")
+            w(f"<details><summary>{label}</summary>")
+            w("")
+            w("```")
+            out.extend(plan)
+            w("```")
+            w("")
+            w("</details>")
     return "\n".join(out)
 
 
@@ -615,6 +666,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", default="1,4,16", help="drain concurrencies (threads), default 1,4,16")
     parser.add_argument("--latency-jobs", type=int, default=None, help="jobs the producer enqueues (200)")
     parser.add_argument("--rss-jobs", default=None, help="FIRST,TOTAL job counts of the RSS drain (10000,100000)")
+    parser.add_argument("--claim-backlog", type=int, default=None,
+                        help="jobs of the claim-scale backlogs (1,000,000, quick 20,000)")
+    parser.add_argument("--claim-samples", type=int, default=None, help="claims timed per scenario (200, quick 30)")
     parser.add_argument("--batch-size", type=int, default=0, help="pass batch_size to the Worker when supported")
     parser.add_argument("--io-jobs", type=int, default=None, help="jobs per I/O-bound drain (5,000, quick 2,000)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds allowed per drain (600, quick 120)")
@@ -632,6 +686,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.enqueue_jobs = args.enqueue_jobs or (300 if quick else 2_000)
     args.latency_jobs = args.latency_jobs or (50 if quick else 200)
     args.io_jobs = args.io_jobs or (2_000 if quick else 5_000)
+    args.claim_backlog = args.claim_backlog or (20_000 if quick else 1_000_000)
+    args.claim_samples = args.claim_samples or (30 if quick else 200)
     args.rss_jobs = [int(n) for n in (args.rss_jobs or ("1000,5000" if quick else "10000,100000")).split(",")]
     if len(args.rss_jobs) != 2 or not 0 < args.rss_jobs[0] < args.rss_jobs[1]:
         parser.error("--rss-jobs takes FIRST,TOTAL with 0 < FIRST < TOTAL")

@@ -112,7 +112,7 @@ from common import (  # noqa: E402
 from sqlalchemy.engine import URL  # noqa: E402
 
 TASK = "soak"
-CLAIM_INDEX = f"ix_{TABLE}_claim_v1"
+CLAIM_INDEX = f"ix_{TABLE}_claim_v2"
 PHASES = ("before", "during", "after")
 CLAIM_PREFIX = "WITH picked AS"  # how sa_jobqueue's claim statement starts (statements.claim)
 

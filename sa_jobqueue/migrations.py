@@ -19,7 +19,11 @@ written by hand:
   :data:`QUEUE_STORAGE`;
 * :func:`rename_job_table`: renames the table and every index, constraint and
   sequence whose name derives from the table name, so the database matches
-  what the renamed model declares and ``alembic check`` stays clean.
+  what the renamed model declares and ``alembic check`` stays clean;
+* :func:`upgrade_claim_index` / :func:`downgrade_claim_index`: build the
+  claim index ``ix_<t>_claim_v2`` (which leads with ``queue``) without
+  blocking the queue, ``CREATE INDEX CONCURRENTLY``, then drop ``_v1``;
+  autogenerate writes a plain, blocking create and drop instead.
 
 Each helper validates its arguments before emitting anything and raises
 :class:`~sa_jobqueue.errors.InvalidArgumentError` naming the bad one: names
@@ -38,15 +42,17 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TypeAlias
 
-from sqlalchemy import text
-
 from alembic import op
 
+from . import states
+from .ddl import check_name, check_schema, index_valid, qualified, quote, require_absent, require_table
 from .errors import InvalidArgumentError
 from .mixin import (
+    CLAIM_INDEX_COLUMNS,
     MAX_IDENTIFIER_BYTES,
     MAX_TABLE_NAME_BYTES,
     claim_index_name,
+    claim_index_v1_name,
     dedupe_index_name,
     lease_index_name,
     max_attempts_check_name,
@@ -87,35 +93,8 @@ same settings should spell each value out as a keyword argument.
 """
 
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _PARAMETER = re.compile(r"(toast\.)?[a-z_][a-z0-9_]*\Z")
 _WORD = re.compile(r"[A-Za-z0-9_.\-]+\Z")
-
-
-def _check_name(parameter: str, value: object) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise InvalidArgumentError(
-            parameter,
-            f"expected a plain SQL identifier (letters, digits, underscores), got {value!r}",
-        )
-    if len(value.encode()) > MAX_IDENTIFIER_BYTES:
-        raise InvalidArgumentError(
-            parameter, f"{value!r} is longer than PostgreSQL's {MAX_IDENTIFIER_BYTES} bytes"
-        )
-    return value
-
-
-def _check_schema(schema: object) -> str | None:
-    return None if schema is None else _check_name("schema", schema)
-
-
-def _quote(name: str) -> str:
-    return op.get_context().dialect.identifier_preparer.quote(name)
-
-
-def _qualified(name: str, schema: str | None) -> str:
-    return _quote(name) if schema is None else f"{_quote(schema)}.{_quote(name)}"
-
 
 _INT32 = 2**31
 
@@ -147,33 +126,6 @@ def _check_parameter(name: object, parameter: str | None = None) -> str:
     return name
 
 
-def _relkind(name: str, schema: str | None) -> str | None:
-    """Online: the pg_class relkind of ``name`` (None when absent). Offline: "?"."""
-    context = op.get_context()
-    if context.as_sql:
-        return "?"
-    row = op.get_bind().execute(
-        text("SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = to_regclass(:name)"),
-        {"name": _qualified(name, schema)},
-    ).first()
-    return None if row is None else str(row[0])
-
-
-def _require_table(parameter: str, name: str, schema: str | None) -> None:
-    kind = _relkind(name, schema)
-    where = f"schema {schema!r}" if schema is not None else "the search path"
-    if kind is None:
-        raise InvalidArgumentError(parameter, f"no table {name!r} in {where}")
-    if kind not in ("r", "p", "?"):
-        raise InvalidArgumentError(parameter, f"{name!r} in {where} is not a table (relkind {kind!r})")
-
-
-def _require_absent(parameter: str, name: str, schema: str | None) -> None:
-    if _relkind(name, schema) not in (None, "?"):
-        where = f"schema {schema!r}" if schema is not None else "the search path"
-        raise InvalidArgumentError(parameter, f"a relation named {name!r} already exists in {where}")
-
-
 def queue_storage(**overrides: StorageValue | None) -> dict[str, StorageValue]:
     """The parameters :func:`set_queue_storage` would set: :data:`QUEUE_STORAGE`
     updated with ``overrides``, where ``None`` leaves a parameter out."""
@@ -193,16 +145,16 @@ def set_queue_storage(
     workers keep claiming while it runs; a new fillfactor applies to pages
     written from then on.
     """
-    table = _check_name("table_name", table_name)
-    schema = _check_schema(schema)
+    table = check_name("table_name", table_name)
+    schema = check_schema(schema)
     parameters = queue_storage(**overrides)
     if not parameters:
         raise InvalidArgumentError("overrides", "every storage parameter was left out")
     settings = ", ".join(
         f"{_check_parameter(k)} = {_render_value(k, v)}" for k, v in parameters.items()
     )
-    _require_table("table_name", table, schema)
-    op.execute(f"ALTER TABLE {_qualified(table, schema)} SET ({settings})")
+    require_table("table_name", table, schema)
+    op.execute(f"ALTER TABLE {qualified(table, schema)} SET ({settings})")
 
 
 def reset_queue_storage(
@@ -214,12 +166,12 @@ def reset_queue_storage(
     when none are given; parameters set as extra overrides must be named
     here to be reset. Resetting a parameter that is not set is not an error.
     """
-    table = _check_name("table_name", table_name)
-    schema = _check_schema(schema)
+    table = check_name("table_name", table_name)
+    schema = check_schema(schema)
     names = parameters or tuple(QUEUE_STORAGE)
     listed = ", ".join(_check_parameter(p, "parameters") for p in names)
-    _require_table("table_name", table, schema)
-    op.execute(f"ALTER TABLE {_qualified(table, schema)} RESET ({listed})")
+    require_table("table_name", table, schema)
+    op.execute(f"ALTER TABLE {qualified(table, schema)} RESET ({listed})")
 
 
 def derived_names(table_name: str) -> dict[str, tuple[str, ...]]:
@@ -250,7 +202,7 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
     Renames, in one go (inside the revision's transaction):
 
     * the table (its rows, grants and storage parameters stay);
-    * the indexes ``ix_<old>_claim_v1``, ``ix_<old>_lease_v1``,
+    * the indexes ``ix_<old>_claim_v2``, ``ix_<old>_lease_v1``,
       ``uq_<old>_dedupe_v1`` and the checks ``ck_<old>_status_v1``,
       ``ck_<old>_max_attempts_v1`` to their ``<new>`` names; these must exist;
     * the primary key ``<old>_pkey`` and identity sequence ``<old>_id_seq``
@@ -265,9 +217,9 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
     table for an instant; stop or pause the workers of both names around it,
     since a worker still configured with ``old`` fails until it is redeployed.
     """
-    old = _check_name("old", old)
-    new = _check_name("new", new)
-    schema = _check_schema(schema)
+    old = check_name("old", old)
+    new = check_name("new", new)
+    schema = check_schema(schema)
     if old == new:
         raise InvalidArgumentError("new", f"is the same name as old ({old!r})")
     if len(new.encode()) > MAX_TABLE_NAME_BYTES:
@@ -277,26 +229,26 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
             f"PostgreSQL's {MAX_IDENTIFIER_BYTES} bytes (keep table names to "
             f"{MAX_TABLE_NAME_BYTES} bytes)",
         )
-    _require_table("old", old, schema)
-    _require_absent("new", new, schema)
+    require_table("old", old, schema)
+    require_absent("new", new, schema)
     before, after = derived_names(old), derived_names(new)
 
     op.rename_table(old, new, schema=schema)
-    table = _qualified(new, schema)
+    table = qualified(new, schema)
     for old_ck, new_ck in zip(before["constraints"], after["constraints"], strict=True):
         op.execute(
-            f"ALTER TABLE {table} RENAME CONSTRAINT {_quote(old_ck)} TO {_quote(new_ck)}"
+            f"ALTER TABLE {table} RENAME CONSTRAINT {quote(old_ck)} TO {quote(new_ck)}"
         )
     for old_ix, new_ix in zip(before["indexes"], after["indexes"], strict=True):
-        op.execute(f"ALTER INDEX {_qualified(old_ix, schema)} RENAME TO {_quote(new_ix)}")
+        op.execute(f"ALTER INDEX {qualified(old_ix, schema)} RENAME TO {quote(new_ix)}")
     old_pkey, old_seq = before["default_names"]
     new_pkey, new_seq = after["default_names"]
     # Renaming the index behind a primary key renames the constraint with it.
     op.execute(
-        f"ALTER INDEX IF EXISTS {_qualified(old_pkey, schema)} RENAME TO {_quote(new_pkey)}"
+        f"ALTER INDEX IF EXISTS {qualified(old_pkey, schema)} RENAME TO {quote(new_pkey)}"
     )
     op.execute(
-        f"ALTER SEQUENCE IF EXISTS {_qualified(old_seq, schema)} RENAME TO {_quote(new_seq)}"
+        f"ALTER SEQUENCE IF EXISTS {qualified(old_seq, schema)} RENAME TO {quote(new_seq)}"
     )
     op.execute(_rename_not_null_constraints(old, new, table))
 
@@ -325,3 +277,91 @@ BEGIN
     END LOOP;
 END
 $$"""
+
+
+CALLERS_TRANSACTION = "sa_jobqueue_callers_transaction"
+"""The ``context.configure`` option by which an ``env.py`` says that the
+migrations run inside a transaction its caller began (a connection handed over
+in ``config.attributes["connection"]`` after ``begin()``). sa_jobqueue's own
+``env.py`` sets it; the index helpers then build in that transaction."""
+
+V1_CLAIM_INDEX_COLUMNS = ("priority", "run_at", "id")
+
+
+def upgrade_claim_index(
+    table_name: str, *, schema: str | None = None, concurrently: bool | None = None
+) -> None:
+    """Replace the claim index ``ix_<t>_claim_v1`` by ``ix_<t>_claim_v2``.
+
+    ``_v2`` is ``(queue, priority, run_at, id) WHERE status = 'pending'``
+    (:func:`~sa_jobqueue.mixin.job_table_args`), which lets a claim read only
+    its own queue's runnable rows. The new index is built before the old one
+    is dropped, so claims always have one of them.
+
+    With ``concurrently`` (the default, unless the revision runs in a
+    transaction its caller began: :data:`CALLERS_TRANSACTION`), both steps
+    run in an autocommit block as ``CREATE INDEX CONCURRENTLY`` and ``DROP
+    INDEX CONCURRENTLY``: workers keep claiming and enqueueing while the index
+    builds; the revision's earlier steps are committed first. Online, a
+    ``_v2`` left INVALID by an earlier failed build is dropped and built
+    again, a valid one is kept, and a missing ``_v1`` is not an error, so the
+    step can be run again after a failure. With ``concurrently=False`` both
+    run in the revision's transaction and block writes to the table while the
+    index builds (fine for small tables and for start-up migrations).
+    """
+    table = check_name("table_name", table_name)
+    schema = check_schema(schema)
+    concurrently = _check_concurrently(concurrently)
+    require_table("table_name", table, schema)
+    _replace_index(
+        table, schema, concurrently,
+        build=claim_index_name(table), columns=CLAIM_INDEX_COLUMNS, drop=claim_index_v1_name(table),
+    )
+
+
+def downgrade_claim_index(
+    table_name: str, *, schema: str | None = None, concurrently: bool | None = None
+) -> None:
+    """The reverse of :func:`upgrade_claim_index`: build ``_v1`` back, then drop ``_v2``."""
+    table = check_name("table_name", table_name)
+    schema = check_schema(schema)
+    concurrently = _check_concurrently(concurrently)
+    require_table("table_name", table, schema)
+    _replace_index(
+        table, schema, concurrently,
+        build=claim_index_v1_name(table), columns=V1_CLAIM_INDEX_COLUMNS, drop=claim_index_name(table),
+    )
+
+
+def _check_concurrently(concurrently: object) -> bool:
+    """``concurrently`` as given, or when None: unless the caller's transaction holds the revision."""
+    if concurrently is None:
+        return not op.get_context().opts.get(CALLERS_TRANSACTION, False)
+    if not isinstance(concurrently, bool):
+        raise InvalidArgumentError("concurrently", f"expected True, False or None, got {concurrently!r}")
+    return concurrently
+
+
+def _replace_index(
+    table: str, schema: str | None, concurrently: bool, *, build: str, columns: tuple[str, ...], drop: str
+) -> None:
+    context = op.get_context()
+    how = " CONCURRENTLY" if concurrently else ""
+    create = (
+        f"CREATE INDEX{how} {quote(build)} ON {qualified(table, schema)} "
+        f"({', '.join(quote(c) for c in columns)}) WHERE {states.CLAIM_PREDICATE}"
+    )
+
+    def run() -> None:
+        valid = index_valid(build, schema)
+        if valid is False:  # left INVALID by a failed concurrent build
+            op.execute(f"DROP INDEX{how} {qualified(build, schema)}")
+        if valid is not True:
+            op.execute(create)
+        op.execute(f"DROP INDEX{how} IF EXISTS {qualified(drop, schema)}")
+
+    if concurrently:
+        with context.autocommit_block():
+            run()
+    else:
+        run()

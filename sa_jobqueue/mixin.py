@@ -10,9 +10,10 @@ Each model gets its own table with the job columns, a named CHECK on the
 status, and three indexes whose names derive from the table name, so any
 number of job tables live side by side on one or several ``Base`` classes:
 
-* ``ix_<table>_claim_v1``: partial index ``(priority, run_at, id) WHERE
-  status = 'pending'``; its predicate and order are exactly the claim's, so
-  the claim reads only the rows it locks;
+* ``ix_<table>_claim_v2``: partial index ``(queue, priority, run_at, id)
+  WHERE status = 'pending'``; the claim reads each queue, and within it each
+  priority, as one range of it in claim order, so it reads only the rows it
+  locks whatever other queues or future jobs hold (``_v1`` lacked ``queue``);
 * ``ix_<table>_lease_v1``: partial index ``(lease_expires_at) WHERE status =
   'running'`` for the reaper;
 * ``uq_<table>_dedupe_v1``: partial unique index ``(queue, dedupe_key)`` over
@@ -84,7 +85,16 @@ from .states import (
 
 
 def claim_index_name(table_name: str) -> str:
+    return f"ix_{table_name}_claim_v2"
+
+
+def claim_index_v1_name(table_name: str) -> str:
+    """The claim index before ``_v2``: ``(priority, run_at, id)``,
+    without ``queue``; :func:`sa_jobqueue.migrations.upgrade_claim_index` replaces it."""
     return f"ix_{table_name}_claim_v1"
+
+
+CLAIM_INDEX_COLUMNS = ("queue", "priority", "run_at", "id")
 
 
 def lease_index_name(table_name: str) -> str:
@@ -128,9 +138,7 @@ def job_table_args(table_name: str) -> tuple[Any, ...]:
         CheckConstraint("max_attempts >= 1", name=conv(max_attempts_check_name(table_name))),
         Index(
             conv(claim_index_name(table_name)),
-            "priority",
-            "run_at",
-            "id",
+            *CLAIM_INDEX_COLUMNS,
             postgresql_where=text(CLAIM_PREDICATE),
         ),
         Index(
@@ -229,6 +237,7 @@ def job_table(model: Any) -> Any:
 # them from this module keeps working.
 __all__ = [
     "CANCELLED",
+    "CLAIM_INDEX_COLUMNS",
     "CLAIM_PREDICATE",
     "COLUMN_DEFAULTS",
     "DEAD",
@@ -250,6 +259,7 @@ __all__ = [
     "RUNNING",
     "STATUSES",
     "claim_index_name",
+    "claim_index_v1_name",
     "dedupe_index_name",
     "job_table",
     "job_table_args",

@@ -46,6 +46,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import Insert, insert
@@ -125,28 +126,61 @@ def live_jobs_by_dedupe_key(
 def claim(model: Any) -> Update:
     """Claim up to ``limit`` runnable jobs from ``queues`` in one statement.
 
-    Shape (design notes, section 1): a CTE holds ``FOR UPDATE SKIP LOCKED``
-    and the ``LIMIT``; Postgres never inlines a CTE with row marks, so the
-    locking scan runs exactly once and never claims more than ``limit`` rows
-    (unlike ``id IN (SELECT … LIMIT n)``, which a semi-join may re-scan). Every
-    eligibility predicate sits inside the CTE before the LIMIT, and its
-    ``WHERE status = 'pending' … ORDER BY priority, run_at, id`` is the claim
-    index's predicate and order.
+    Shape (design notes, section 1, and docs/concepts.md): a CTE holds every
+    ``FOR UPDATE SKIP LOCKED`` and the ``LIMIT``; Postgres never inlines a
+    CTE with row marks, so the locking scans run exactly once. Inside it,
+    each queue of ``queues`` is read on its own (``unnest`` and a lateral
+    subquery), and within a queue each pending priority on its own: a
+    recursive CTE steps from one priority to the next with one descent of
+    the claim index ``(queue, priority, run_at, id) WHERE status =
+    'pending'``, and each step reads that priority's runnable rows in
+    ``(run_at, id)`` order, stopping at the first row not yet due. So a claim
+    reads the rows it locks and one index entry per priority, however many
+    jobs other queues or future ``run_at`` hold. The per-queue results
+    (each at most ``limit`` rows) are merged by ``(priority, run_at, id)``.
+
+    ``limit`` is rendered into the statement as a literal (it is a checked
+    integer): under a generic plan (a pooler that prepares statements, or
+    ``plan_cache_mode = force_generic_plan``) a ``LIMIT $n`` is estimated at a
+    tenth of the table, which turns the claim into a sequential scan.
 
     Parameters: ``queues`` (list), ``limit``, ``worker``, ``lease`` (timedelta).
     The caller adds the columns it wants to RETURNING.
     """
     t: Table = model.__table__
-    picked = (
-        select(t.c.id)
-        .where(
-            t.c.status == PENDING_LITERAL,
-            t.c.queue == any_(bindparam("queues", type_=ARRAY(String))),
-            t.c.run_at <= func.now(),
+    limit = bindparam("limit", type_=Integer(), literal_execute=True)
+    queue = func.unnest(bindparam("queues", type_=ARRAY(String))).table_valued("name").render_derived(name="q")
+    pending = and_(t.c.status == PENDING_LITERAL, t.c.queue == queue.c.name)
+
+    def lowest_priority(*after: Any, outer: tuple[Any, ...] = ()) -> Any:
+        # min() over an index prefix is one descent (PostgreSQL's min/max rewrite).
+        return (
+            select(func.min(t.c.priority)).where(pending, *after).correlate(queue, *outer).scalar_subquery()
         )
-        .order_by(t.c.priority, t.c.run_at, t.c.id)
-        .limit(bindparam("limit"))
+
+    priorities = select(lowest_priority().label("priority")).cte("priorities", recursive=True, nesting=True)
+    priorities = priorities.union_all(
+        select(lowest_priority(t.c.priority > priorities.c.priority, outer=(priorities,)))
+        .where(priorities.c.priority.is_not(None))
+    )
+    due = (
+        select(t.c.id, t.c.priority, t.c.run_at)
+        .where(pending, t.c.priority == priorities.c.priority, t.c.run_at <= func.now())
+        .order_by(t.c.run_at, t.c.id)
+        .limit(limit)
         .with_for_update(skip_locked=True)
+        .correlate(queue, priorities)
+        .lateral("due")
+    )
+    # The recursive CTE yields priorities in ascending order, so the first
+    # ``limit`` rows of this join are the queue's first in claim order.
+    per_queue = select(due).select_from(priorities).join(due, true()).limit(limit).lateral("per_queue")
+    picked = (
+        select(per_queue.c.id)
+        .select_from(queue)
+        .join(per_queue, true())
+        .order_by(per_queue.c.priority, per_queue.c.run_at, per_queue.c.id)
+        .limit(limit)
         .cte("picked")
     )
     return (

@@ -176,10 +176,11 @@ def expected_reloptions(parameters: dict[str, Any]) -> dict[str, str]:
 def assert_job_objects(url: URL, table: str) -> None:
     """The job indexes, with their exact predicates, and the named checks exist."""
     found = indexes(url, table)
-    assert found[f"ix_{table}_claim_v1"] == (
-        f"CREATE INDEX ix_{table}_claim_v1 ON public.{table} USING btree "
-        "(priority, run_at, id) WHERE ((status)::text = 'pending'::text)"
+    assert found[f"ix_{table}_claim_v2"] == (
+        f"CREATE INDEX ix_{table}_claim_v2 ON public.{table} USING btree "
+        "(queue, priority, run_at, id) WHERE ((status)::text = 'pending'::text)"
     )
+    assert f"ix_{table}_claim_v1" not in found
     assert found[f"ix_{table}_lease_v1"] == (
         f"CREATE INDEX ix_{table}_lease_v1 ON public.{table} USING btree "
         "(lease_expires_at) WHERE ((status)::text = 'running'::text)"
@@ -215,7 +216,7 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     assert {DEFAULT_TABLE, "sa_jobqueue_alembic_version"} <= tables(url)
     assert_job_objects(url, DEFAULT_TABLE)
     assert reloptions(url, DEFAULT_TABLE) == expected_reloptions(dict(QUEUE_STORAGE))
-    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0003",)]
+    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0004",)]
     # The application's history and tables are left alone.
     assert query(url, "SELECT version_num FROM alembic_version") == [("app_rev_42",)]
     # The schema the revisions build is the schema the model declares.
@@ -234,6 +235,9 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     # No drift, and the application's own table is not reported as one to drop.
     assert_no_drift(REPO, url)
 
+    alembic_cli("downgrade", "0003", cwd=REPO, database_url=url)
+    assert set(indexes(url, DEFAULT_TABLE)) >= {f"ix_{DEFAULT_TABLE}_claim_v1"}
+    assert f"ix_{DEFAULT_TABLE}_claim_v2" not in indexes(url, DEFAULT_TABLE)
     alembic_cli("downgrade", "0002", cwd=REPO, database_url=url)
     assert "cancel_requested_at" not in {c[0] for c in columns(url, DEFAULT_TABLE)}
     assert PERIODIC_TABLE in tables(url)
@@ -527,7 +531,9 @@ def test_user_environment_autogenerate_upgrade_rename(
     (generated,) = (user_project / "alembic" / "versions").glob("u0001_*.py")
     source = generated.read_text()
     for table in ("email_jobs", "report_jobs"):
-        assert f"op.create_index(op.f('ix_{table}_claim_v1'), '{table}', " in source
+        assert (
+            f"op.create_index(op.f('ix_{table}_claim_v2'), '{table}', ['queue', 'priority', 'run_at', 'id']"
+        ) in source
         assert "postgresql_where=sa.text(\"status = 'pending'\")" in source
         assert "postgresql_where=sa.text(\"status = 'running'\")" in source
         assert f"op.create_index(op.f('uq_{table}_dedupe_v1'), '{table}', " in source
@@ -571,7 +577,7 @@ def test_user_environment_autogenerate_upgrade_rename(
     assert_job_objects(url, "invoice_jobs")
     assert set(indexes(url, "invoice_jobs")) == {
         "invoice_jobs_pkey",
-        "ix_invoice_jobs_claim_v1",
+        "ix_invoice_jobs_claim_v2",
         "ix_invoice_jobs_lease_v1",
         "uq_invoice_jobs_dedupe_v1",
     }
@@ -717,8 +723,8 @@ def _offline_sql(upgrade_body: str, tmp_path: Path) -> subprocess.CompletedProce
         )
     )
     (tmp_path / "alembic" / "versions" / "x1.py").write_text(
-        "from sa_jobqueue.migrations import rename_job_table, reset_queue_storage, "
-        "set_queue_storage\n"
+        "from sa_jobqueue.migrations import downgrade_claim_index, rename_job_table, "
+        "reset_queue_storage, set_queue_storage, upgrade_claim_index\n"
         "revision = 'x1'\ndown_revision = None\nbranch_labels = None\ndepends_on = None\n"
         f"def upgrade():\n{textwrap.indent(textwrap.dedent(upgrade_body), '    ')}\n"
         "def downgrade():\n    pass\n"
@@ -745,7 +751,7 @@ def test_helpers_render_quoted_sql_offline(tmp_path: Path) -> None:
     assert 'ALTER TABLE work."Jobs" RESET (fillfactor)' in sql
     assert 'ALTER TABLE work."Jobs" RENAME TO "order"' in sql
     assert 'ALTER TABLE work."order" RENAME CONSTRAINT "ck_Jobs_status_v1" TO ck_order_status_v1' in sql
-    assert 'ALTER INDEX work."ix_Jobs_claim_v1" RENAME TO ix_order_claim_v1' in sql
+    assert 'ALTER INDEX work."ix_Jobs_claim_v2" RENAME TO ix_order_claim_v2' in sql
     assert 'ALTER INDEX IF EXISTS work."Jobs_pkey" RENAME TO order_pkey' in sql
     assert 'ALTER SEQUENCE IF EXISTS work."Jobs_id_seq" RENAME TO order_id_seq' in sql
     assert "WHERE c.conrelid = 'work.\"order\"'::regclass" in sql

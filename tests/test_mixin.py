@@ -33,10 +33,10 @@ def test_names_derive_from_the_table_and_never_collide(engine: Engine) -> None:
             text("SELECT conname FROM pg_constraint WHERE contype = 'c' AND conrelid = 'email_jobs'::regclass")
         ).scalars())
     defs = {name: (table, d) for table, name, d in rows}
-    assert defs["ix_email_jobs_claim_v1"][0] == "email_jobs"
-    assert defs["ix_task_jobs_claim_v1"][0] == "task_jobs"
-    claim = defs["ix_task_jobs_claim_v1"][1]
-    assert "(priority, run_at, id)" in claim and "WHERE ((status)::text = 'pending'::text)" in claim
+    assert defs["ix_email_jobs_claim_v2"][0] == "email_jobs"
+    assert defs["ix_task_jobs_claim_v2"][0] == "task_jobs"
+    claim = defs["ix_task_jobs_claim_v2"][1]
+    assert "(queue, priority, run_at, id)" in claim and "WHERE ((status)::text = 'pending'::text)" in claim
     lease = defs["ix_task_jobs_lease_v1"][1]
     assert "(lease_expires_at)" in lease and "'running'" in lease
     dedupe = defs["uq_task_jobs_dedupe_v1"][1]
@@ -66,7 +66,7 @@ def test_naming_convention_does_not_rename_job_objects() -> None:
     ddl = str(CreateTable(Conv.__table__).compile())
     assert "CONSTRAINT ck_conv_jobs_status_v1 CHECK" in ddl
     names = {i.name for i in Conv.__table__.indexes}
-    assert names == {"ix_conv_jobs_claim_v1", "ix_conv_jobs_lease_v1", "uq_conv_jobs_dedupe_v1"}
+    assert names == {"ix_conv_jobs_claim_v2", "ix_conv_jobs_lease_v1", "uq_conv_jobs_dedupe_v1"}
     JobRepository(Conv)
 
 
@@ -78,7 +78,7 @@ def test_a_table_that_replaced_table_args_is_refused() -> None:
         __tablename__ = "careless_jobs"
         __table_args__ = (Index("ix_careless_queue", "queue"),)
 
-    with pytest.raises(JobTableError, match=r"careless_jobs.*lacks the job indexes.*ix_careless_jobs_claim_v1"):
+    with pytest.raises(JobTableError, match=r"careless_jobs.*lacks the job indexes.*ix_careless_jobs_claim_v2"):
         JobRepository(Careless)
 
 
