@@ -201,6 +201,29 @@ def test_health(cli_url: str, cli_engine: Engine) -> None:
     assert_one_line_error(run(cli_url, "health", "--model", "jobapp:TaskJob"), contains="does not exist")
 
 
+def test_health_shows_the_connections_against_the_budget(cli_url: str, cli_engine: Engine) -> None:
+    with cli_engine.connect() as conn:
+        most, reserved = conn.execute(text(
+            "SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int"
+        )).one()
+        # A connection of this test, idle, is one of those health counts.
+        out = ok(cli_url, "health")
+    line = next(line for line in out.splitlines() if line.startswith("connections"))
+    here = int(line.split()[1])
+    assert here >= 2 and f"of max_connections {most} ({reserved} reserved for superusers)" in line
+    assert "worker budget" not in out
+
+    out = ok(cli_url, "health", "--processes", "2", "--concurrency", "4")
+    assert f"worker budget     26 at most = 2 x (2 x 4 + 5), 18 in steady state, of {most - reserved} usable" in out
+    assert "worker budget     13 at most = 1 x (2 x 4 + 5)" in ok(cli_url, "health", "--concurrency", "4")
+
+    # A budget that can never fit fails, after the report.
+    result = run(cli_url, "health", "--concurrency", str(most))
+    assert_one_line_error(result, contains=f"exceeds the {most - reserved} connections the server allows")
+    assert result.exit_code == 1 and "worker budget" in result.stdout
+    assert run(cli_url, "health", "--processes", "2").exit_code == 2
+
+
 def test_health_fails_when_the_oldest_runnable_job_waits_too_long(cli_url: str, cli_engine: Engine) -> None:
     """--max-runnable-age (default 300 s): a runnable job nobody takes is one error line, exit 1."""
     ok(cli_url, "enqueue", "record", "--delay", "86400")  # scheduled tomorrow: not runnable, not counted

@@ -14,7 +14,7 @@ from .errors import CliError, OneLineCommand
 from .formatting import format_age, render_table, seconds, when
 from .state import cli_state, model_option, repository_for
 
-__all__ = ["DEFAULT_MAX_RUNNABLE_AGE", "health_command", "stats_command"]
+__all__ = ["DEFAULT_MAX_RUNNABLE_AGE", "connection_budget", "health_command", "stats_command"]
 
 # Five minutes: well past a crashed worker's recovery (lease 60 s + reap every 30 s by default),
 # so only a queue nobody takes jobs from, or far too few workers, trips it.
@@ -39,16 +39,32 @@ def stats_command(ctx: click.Context, model_path: str) -> None:
     ))
 
 
+def connection_budget(processes: int, concurrency: int) -> tuple[int, int]:
+    """(at most, in steady state) connections of ``processes`` thread workers of
+    ``concurrency`` each: P × (2C + 5) and P × (C + 5) (docs/operations.md)."""
+    return processes * (2 * concurrency + 5), processes * (concurrency + 5)
+
+
 @click.command("health", cls=OneLineCommand)
 @click.option(
     "--max-runnable-age", default=DEFAULT_MAX_RUNNABLE_AGE, show_default=True, metavar="SECONDS|off",
     callback=seconds(positive=True, off_word="off"),
     help="Fail when the oldest runnable pending job has waited longer than this (off: never).",
 )
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Each worker process's concurrency: show the deployment's connection budget, and fail when "
+                   "it cannot fit in max_connections.")
+@click.option("--processes", type=click.IntRange(min=1), default=None,
+              help="Worker processes of the deployment, for the budget (with --concurrency; default 1).")
 @model_option
 @click.pass_context
-def health_command(ctx: click.Context, max_runnable_age: float | None, model_path: str) -> None:
+def health_command(
+    ctx: click.Context, max_runnable_age: float | None, concurrency: int | None, processes: int | None,
+    model_path: str,
+) -> None:
     """Check the database, the job table, and that runnable jobs get taken; exit non-zero when not."""
+    if processes is not None and concurrency is None:
+        raise click.UsageError("--processes needs --concurrency: the budget is processes x (2 x concurrency + 5)")
     repository = repository_for(ctx, model_path)
     engine = cli_state(ctx).engine()
     t = repository.table
@@ -76,6 +92,14 @@ def health_command(ctx: click.Context, max_runnable_age: float | None, model_pat
         xmin_age = session.execute(
             text("SELECT max(age(backend_xmin)) FROM pg_stat_activity WHERE pid <> pg_backend_pid()")
         ).scalar_one()
+        # Client sessions only: autovacuum and the server's own processes do
+        # not count against max_connections. This one is counted too.
+        connections = session.execute(text(
+            "SELECT count(*) FILTER (WHERE datname = current_database()) AS here, count(*) AS server, "
+            "current_setting('max_connections')::int AS most, "
+            "current_setting('superuser_reserved_connections')::int AS reserved "
+            "FROM pg_stat_activity WHERE backend_type = 'client backend'"
+        )).one()
     click.echo(f"database          ok ({show_url(engine.url)}, PostgreSQL {server})")
     click.echo(f"table             {qualified}")
     click.echo("jobs              " + ", ".join(f"{s} {counts.get(s, 0)}" for s in STATUSES))
@@ -85,6 +109,20 @@ def health_command(ctx: click.Context, max_runnable_age: float | None, model_pat
                    f"last autovacuum {when(dead_tuples.last_autovacuum)})")
     click.echo("oldest xmin age   " + ("- (no transaction holds back vacuum)" if xmin_age is None
                                       else f"{xmin_age} transactions"))
+    usable = connections.most - connections.reserved
+    click.echo(f"connections       {connections.here} to this database, {connections.server} to the server, "
+               f"of max_connections {connections.most} ({connections.reserved} reserved for superusers)")
+    if concurrency is not None:
+        processes = processes or 1
+        peak, steady = connection_budget(processes, concurrency)
+        click.echo(f"worker budget     {peak} at most = {processes} x (2 x {concurrency} + 5), {steady} in steady "
+                   f"state, of {usable} usable")
+        if peak > usable:
+            raise CliError(
+                f"the connection budget of {processes} worker process(es) of concurrency {concurrency}, {peak}, "
+                f"exceeds the {usable} connections the server allows (max_connections {connections.most} less "
+                f"{connections.reserved} reserved): lower --concurrency, or put PgBouncer in front"
+            )
     limit = None if max_runnable_age is None else timedelta(seconds=max_runnable_age)
     if limit is not None and oldest is not None and oldest > limit:
         raise CliError(
