@@ -7,7 +7,11 @@ half of them at a priority that sorts ahead of the runnable ones). The
 figure is the median time of ``JobRepository.claim(limit=10)`` from
 "urgent", rolled back each time so that the table stays as loaded, under
 PostgreSQL's usual plan choice and under ``plan_cache_mode =
-force_generic_plan`` (what a pooler that prepares statements gets). The
+force_generic_plan`` (what a pooler that prepares statements gets). psycopg
+forgets the statements it prepared in a transaction that rolls back, so the
+usual choice here is a plan made with the values at each claim;
+``tests/test_claim_scale.py`` checks that the worker's committed claims settle
+on the generic plan. The
 plans come from ``EXPLAIN (ANALYZE, BUFFERS)`` of the claim prepared as the
 library sends it. ``tests/test_claim_scale.py`` uses :func:`explain_claim`
 too, to count the buffers a claim reads.
@@ -94,14 +98,19 @@ def explain_claim(dsn: str, model: Any, queues: list[str], limit: int, plan_cach
     prepared as the driver would prepare it, then the claim itself; both
     rolled back. Returns (the plan, JSON-decoded or as text lines, and the
     claimed ids)."""
+    from sa_jobqueue import statements
     from sa_jobqueue.claim import DEFAULT_LEASE
-    from sa_jobqueue.statements import claim
 
     dialect = PGDialect_psycopg(paramstyle="numeric_dollar")
-    compiled = claim(model).returning(model.__table__.c.id).compile(dialect=dialect)
+    if hasattr(statements, "queue_keys"):  # a parameter per queue
+        statement = statements.claim(model, len(queues))
+        named: dict[str, Any] = dict(zip(statements.queue_keys(len(queues)), queues, strict=True))
+    else:  # cores whose claim takes the queues as one array
+        statement, named = statements.claim(model), {"queues": queues}
+    compiled = statement.returning(model.__table__.c.id).compile(dialect=dialect)
     # A limit rendered as a literal at execution shows as a placeholder here.
     sql = str(compiled).replace("__[POSTCOMPILE_limit]", str(limit))
-    values = compiled.params | {"queues": queues, "worker": "bench", "lease": DEFAULT_LEASE, "limit": limit}
+    values = compiled.params | named | {"worker": "bench", "lease": DEFAULT_LEASE, "limit": limit}
     order = [name for name in compiled.positiontup or [] if f"__[POSTCOMPILE_{name}]" not in str(compiled)]
     placeholders = ", ".join(f"%({name})s" for name in order)
     types = ", ".join(_sql_type(dialect, compiled.binds[name].type) for name in order)

@@ -46,16 +46,24 @@ class Claimer(Generic[M]):
     def __init__(self, model: type[M], snapshots: Snapshots[M]) -> None:
         self.model = model
         self.snapshots = snapshots
-        # Built once, reused with new parameters (SQLAlchemy's compiled cache).
-        self._claim = statements.claim(model).returning(*snapshots.text_columns)
+        # Built once per number of queues, reused with new parameters
+        # (SQLAlchemy's compiled cache).
+        self._claims: dict[int, Any] = {}
         self._bury = statements.bury(model)
 
     def claim(self, session: Session, params: dict[str, Any]) -> list[M]:
         """Run the claim with checked ``params`` (``queues``, ``limit``,
         ``worker``, ``lease``); return the decodable jobs in claim order."""
         loads = json_loads(session.connection(bind_arguments={"mapper": self.model}))
+        queues = list(dict.fromkeys(params["queues"]))  # a queue named twice is read once
+        statement = self._claims.get(len(queues))
+        if statement is None:
+            statement = statements.claim(self.model, len(queues)).returning(*self.snapshots.text_columns)
+            self._claims[len(queues)] = statement
+        params = {k: v for k, v in params.items() if k != "queues"} | dict(zip(statements.queue_keys(len(queues)),
+                                                                               queues, strict=True))
         while True:
-            jobs, failed = self.snapshots.decode(session.execute(self._claim, params).all(), loads)
+            jobs, failed = self.snapshots.decode(session.execute(statement, params).all(), loads)
             if not failed:
                 break
             self._bury_undecodable(session, failed)  # each round takes rows off the queue for good

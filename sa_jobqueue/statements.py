@@ -47,6 +47,7 @@ from sqlalchemy import (
     select,
     text,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import Insert, insert
@@ -123,14 +124,19 @@ def live_jobs_by_dedupe_key(
     )
 
 
-def claim(model: Any) -> Update:
-    """Claim up to ``limit`` runnable jobs from ``queues`` in one statement.
+def queue_keys(count: int) -> list[str]:
+    """The parameter names of the queues of :func:`claim` for ``count`` queues."""
+    return [f"queue_{n}" for n in range(count)]
+
+
+def claim(model: Any, queue_count: int = 1) -> Update:
+    """Claim up to ``limit`` runnable jobs from ``queue_count`` queues in one statement.
 
     Shape (design notes, section 1, and docs/concepts.md): a CTE holds every
     ``FOR UPDATE SKIP LOCKED`` and the ``LIMIT``; Postgres never inlines a
     CTE with row marks, so the locking scans run exactly once. Inside it,
-    each queue of ``queues`` is read on its own (``unnest`` and a lateral
-    subquery), and within a queue each pending priority on its own: a
+    each queue is read on its own (a subquery per queue, merged by UNION
+    ALL when there are several), and within a queue each pending priority on its own: a
     recursive CTE steps from one priority to the next with one descent of
     the claim index ``(queue, priority, run_at, id) WHERE status =
     'pending'``, and each step reads that priority's runnable rows in
@@ -139,47 +145,29 @@ def claim(model: Any) -> Update:
     jobs other queues or future ``run_at`` hold. The per-queue results
     (each at most ``limit`` rows) are merged by ``(priority, run_at, id)``.
 
-    ``limit`` is rendered into the statement as a literal (it is a checked
-    integer): under a generic plan (a pooler that prepares statements, or
-    ``plan_cache_mode = force_generic_plan``) a ``LIMIT $n`` is estimated at a
-    tenth of the table, which turns the claim into a sequential scan.
+    The generic plan of a prepared claim (what a pooler that prepares
+    statements gets, and what PostgreSQL switches to after five executions
+    when it costs no more than the custom ones) must be the custom plan:
 
-    Parameters: ``queues`` (list), ``limit``, ``worker``, ``lease`` (timedelta).
+    * ``limit`` is rendered into the statement as a literal (it is a checked
+      integer): a ``LIMIT $n`` is estimated at a tenth of the table, which
+      turns the claim into a sequential scan;
+    * each queue is a parameter of its own subquery, not a row of
+      ``unnest($1)``, which a generic plan counts as 10 rows and a custom one
+      as 1: PostgreSQL would then plan every claim anew.
+
+    Parameters: ``queue_0`` … (:func:`queue_keys`), ``limit``, ``worker``,
+    ``lease`` (timedelta).
     The caller adds the columns it wants to RETURNING.
     """
     t: Table = model.__table__
     limit = bindparam("limit", type_=Integer(), literal_execute=True)
-    queue = func.unnest(bindparam("queues", type_=ARRAY(String))).table_valued("name").render_derived(name="q")
-    pending = and_(t.c.status == PENDING_LITERAL, t.c.queue == queue.c.name)
-
-    def lowest_priority(*after: Any, outer: tuple[Any, ...] = ()) -> Any:
-        # min() over an index prefix is one descent (PostgreSQL's min/max rewrite).
-        return (
-            select(func.min(t.c.priority)).where(pending, *after).correlate(queue, *outer).scalar_subquery()
-        )
-
-    priorities = select(lowest_priority().label("priority")).cte("priorities", recursive=True, nesting=True)
-    priorities = priorities.union_all(
-        select(lowest_priority(t.c.priority > priorities.c.priority, outer=(priorities,)))
-        .where(priorities.c.priority.is_not(None))
-    )
-    due = (
-        select(t.c.id, t.c.priority, t.c.run_at)
-        .where(pending, t.c.priority == priorities.c.priority, t.c.run_at <= func.now())
-        .order_by(t.c.run_at, t.c.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-        .correlate(queue, priorities)
-        .lateral("due")
-    )
-    # The recursive CTE yields priorities in ascending order, so the first
-    # ``limit`` rows of this join are the queue's first in claim order.
-    per_queue = select(due).select_from(priorities).join(due, true()).limit(limit).lateral("per_queue")
+    parts = [_claim_one_queue(t, key, n, limit) for n, key in enumerate(queue_keys(queue_count))]
+    merged: Any = parts[0] if len(parts) == 1 else union_all(*parts)
+    merged = merged.subquery("per_queue")
     picked = (
-        select(per_queue.c.id)
-        .select_from(queue)
-        .join(per_queue, true())
-        .order_by(per_queue.c.priority, per_queue.c.run_at, per_queue.c.id)
+        select(merged.c.id)
+        .order_by(merged.c.priority, merged.c.run_at, merged.c.id)
         .limit(limit)
         .cte("picked")
     )
@@ -195,6 +183,35 @@ def claim(model: Any) -> Update:
             lock_token=func.gen_random_uuid(),
         )
     )
+
+
+def _claim_one_queue(t: Table, key: str, n: int, limit: Any) -> Select[Any]:
+    """The first ``limit`` runnable jobs of the queue named by parameter
+    ``key``, in claim order, locked: ``(id, priority, run_at)``."""
+    pending = and_(t.c.status == PENDING_LITERAL, t.c.queue == bindparam(key, type_=String()))
+
+    def lowest_priority(*after: Any, outer: tuple[Any, ...] = ()) -> Any:
+        # min() over an index prefix is one descent (PostgreSQL's min/max rewrite).
+        return select(func.min(t.c.priority)).where(pending, *after).correlate(*outer).scalar_subquery()
+
+    priorities = select(lowest_priority().label("priority")).cte(f"priorities_{n}", recursive=True, nesting=True)
+    priorities = priorities.union_all(
+        select(lowest_priority(t.c.priority > priorities.c.priority, outer=(priorities,)))
+        .where(priorities.c.priority.is_not(None))
+    )
+    due = (
+        select(t.c.id, t.c.priority, t.c.run_at)
+        .where(pending, t.c.priority == priorities.c.priority, t.c.run_at <= func.now())
+        .order_by(t.c.run_at, t.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .correlate(priorities)
+        .lateral(f"due_{n}")
+    )
+    # The recursive CTE yields priorities in ascending order, so the first
+    # ``limit`` rows of this join are the queue's first in claim order.
+    part = select(due).select_from(priorities).join(due, true()).limit(limit)
+    return part
 
 
 def _owned(t: Table) -> Any:

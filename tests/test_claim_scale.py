@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobapp import TaskJob
+from jobapp import TaskJob, jobs
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 
 _spec = importlib.util.spec_from_file_location(
     "sajq_benchmarks_claims", Path(__file__).resolve().parent.parent / "benchmarks" / "claims.py"
@@ -104,3 +105,28 @@ def test_a_claim_over_two_queues_keeps_priority_order(
     assert len(claimed) == 10 and backlogs[0] in claimed
     assert backlogs[1] not in claimed and backlogs[2] not in claimed
     assert _buffers(_picking(root)) <= MOST_BUFFERS, json.dumps(root, indent=1)
+
+
+@pytest.mark.parametrize("queues", [["urgent"], ["urgent", "bulk"]])
+def test_postgres_settles_on_the_generic_plan_of_a_claim(engine: Engine, queues: list[str]) -> None:
+    """psycopg prepares a statement at its fifth execution; PostgreSQL plans
+    it with its values five more times, then keeps the generic plan if that
+    costs no more. A claim whose generic plan looked costlier (``unnest`` of
+    the queues, a ``LIMIT $n``) was planned anew at every execution."""
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO task_jobs (queue, task) "
+            "SELECT q, 'noop' FROM unnest(ARRAY['urgent', 'bulk']) q, generate_series(1, 100)"
+        ))
+    with engine.connect() as conn:
+        for _ in range(20):
+            # Committed, as the worker's claims are: psycopg forgets what it
+            # prepared in a transaction that rolls back.
+            with Session(bind=conn) as session:
+                assert len(jobs.claim(session, queues=queues, limit=5)) == 5
+                session.commit()
+        generic, custom = conn.execute(text(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE 'WITH picked AS%'"
+        )).one()
+        conn.rollback()
+    assert custom <= 5 and generic >= 10, (generic, custom)
