@@ -5,13 +5,13 @@ for the big ones ``backlog`` more jobs that the claim must not read (older
 pending jobs of another queue, or jobs of the same queue due in an hour,
 half of them at a priority that sorts ahead of the runnable ones). The
 figure is the median time of ``JobRepository.claim(limit=10)`` from
-"urgent", rolled back each time so that the table stays as loaded, under
-PostgreSQL's usual plan choice and under ``plan_cache_mode =
-force_generic_plan`` (what a pooler that prepares statements gets). psycopg
-forgets the statements it prepared in a transaction that rolls back, so the
-usual choice here is a plan made with the values at each claim;
-``tests/test_claim_scale.py`` checks that the worker's committed claims settle
-on the generic plan. The
+"urgent" and its commit, as the worker claims, under PostgreSQL's usual plan
+choice (psycopg prepares the claim at its fifth run; PostgreSQL then keeps
+its generic plan, ``tests/test_claim_scale.py`` checks) and under
+``plan_cache_mode = force_generic_plan`` (what a pooler that prepares
+statements gets). After each claim, untimed, the claimed jobs are put back
+as they were, so that the table stays as loaded (a rollback would do that
+too, but psycopg forgets what it prepared in a transaction that rolls back). The
 plans come from ``EXPLAIN (ANALYZE, BUFFERS)`` of the claim prepared as the
 library sends it. ``tests/test_claim_scale.py`` uses :func:`explain_claim`
 too, to count the buffers a claim reads.
@@ -60,8 +60,8 @@ def load(dsn: str, table: str, scenario: str, backlog: int) -> None:
 
 
 def time_claims(url: Any, samples: int) -> dict[str, float]:
-    """Median milliseconds of one claim of ``LIMIT`` jobs per plan mode (rolled back)."""
-    from sqlalchemy import create_engine
+    """Median milliseconds of one claim of ``LIMIT`` jobs and its commit, per plan mode."""
+    from sqlalchemy import create_engine, text
     from sqlalchemy.orm import Session
 
     from sa_jobqueue import JobRepository
@@ -80,8 +80,13 @@ def time_claims(url: Any, samples: int) -> dict[str, float]:
                     with Session(bind=conn) as session:
                         started = time.perf_counter()
                         claimed = repo.claim(session, queues=[SMALL_QUEUE], limit=LIMIT)
+                        session.commit()
                         elapsed = time.perf_counter() - started
-                        session.rollback()
+                        session.execute(text(
+                            f"UPDATE {Job.__tablename__} SET status = 'pending', attempts = 0, locked_at = NULL, "
+                            "locked_by = NULL, lease_expires_at = NULL, lock_token = NULL WHERE id = ANY(:ids)"
+                        ), {"ids": [job.id for job in claimed]})
+                        session.commit()
                     if len(claimed) != LIMIT:
                         raise RuntimeError(f"claim took {len(claimed)} jobs, expected {LIMIT}")
                     if n >= 10:
@@ -102,10 +107,10 @@ def explain_claim(dsn: str, model: Any, queues: list[str], limit: int, plan_cach
     from sa_jobqueue.claim import DEFAULT_LEASE
 
     dialect = PGDialect_psycopg(paramstyle="numeric_dollar")
-    if hasattr(statements, "queue_keys"):  # a parameter per queue
-        statement = statements.claim(model, len(queues))
+    if hasattr(statements, "limit_bound"):  # a parameter per queue, scans bounded in the statement
+        statement = statements.claim(model, len(queues), statements.limit_bound(limit))
         named: dict[str, Any] = dict(zip(statements.queue_keys(len(queues)), queues, strict=True))
-    else:  # cores whose claim takes the queues as one array
+    else:  # cores whose claim takes the queues as one array (and maybe the limit as a literal)
         statement, named = statements.claim(model), {"queues": queues}
     compiled = statement.returning(model.__table__.c.id).compile(dialect=dialect)
     # A limit rendered as a literal at execution shows as a placeholder here.

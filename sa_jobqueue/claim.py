@@ -46,9 +46,9 @@ class Claimer(Generic[M]):
     def __init__(self, model: type[M], snapshots: Snapshots[M]) -> None:
         self.model = model
         self.snapshots = snapshots
-        # Built once per number of queues, reused with new parameters
-        # (SQLAlchemy's compiled cache).
-        self._claims: dict[int, Any] = {}
+        # Built once per number of queues and bound (statements.limit_bound),
+        # reused with new parameters (SQLAlchemy's compiled cache).
+        self._claims: dict[tuple[int, int], Any] = {}
         self._bury = statements.bury(model)
 
     def claim(self, session: Session, params: dict[str, Any]) -> list[M]:
@@ -56,10 +56,11 @@ class Claimer(Generic[M]):
         ``worker``, ``lease``); return the decodable jobs in claim order."""
         loads = json_loads(session.connection(bind_arguments={"mapper": self.model}))
         queues = list(dict.fromkeys(params["queues"]))  # a queue named twice is read once
-        statement = self._claims.get(len(queues))
+        shape = len(queues), statements.limit_bound(params["limit"])
+        statement = self._claims.get(shape)
         if statement is None:
-            statement = statements.claim(self.model, len(queues)).returning(*self.snapshots.text_columns)
-            self._claims[len(queues)] = statement
+            statement = statements.claim(self.model, *shape).returning(*self.snapshots.text_columns)
+            self._claims[shape] = statement
         params = {k: v for k, v in params.items() if k != "queues"} | dict(zip(statements.queue_keys(len(queues)),
                                                                                queues, strict=True))
         while True:

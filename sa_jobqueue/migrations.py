@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TypeAlias
 
@@ -309,28 +309,16 @@ def upgrade_claim_index(
     run in the revision's transaction and block writes to the table while the
     index builds (fine for small tables and for start-up migrations).
     """
-    table = check_name("table_name", table_name)
-    schema = check_schema(schema)
-    concurrently = _check_concurrently(concurrently)
-    require_table("table_name", table, schema)
-    _replace_index(
-        table, schema, concurrently,
-        build=claim_index_name(table), columns=CLAIM_INDEX_COLUMNS, drop=claim_index_v1_name(table),
-    )
+    _replace_index(table_name, schema, concurrently, build=claim_index_name, columns=CLAIM_INDEX_COLUMNS,
+                   drop=claim_index_v1_name)
 
 
 def downgrade_claim_index(
     table_name: str, *, schema: str | None = None, concurrently: bool | None = None
 ) -> None:
     """The reverse of :func:`upgrade_claim_index`: build ``_v1`` back, then drop ``_v2``."""
-    table = check_name("table_name", table_name)
-    schema = check_schema(schema)
-    concurrently = _check_concurrently(concurrently)
-    require_table("table_name", table, schema)
-    _replace_index(
-        table, schema, concurrently,
-        build=claim_index_v1_name(table), columns=V1_CLAIM_INDEX_COLUMNS, drop=claim_index_name(table),
-    )
+    _replace_index(table_name, schema, concurrently, build=claim_index_v1_name, columns=V1_CLAIM_INDEX_COLUMNS,
+                   drop=claim_index_name)
 
 
 def _check_concurrently(concurrently: object) -> bool:
@@ -343,6 +331,19 @@ def _check_concurrently(concurrently: object) -> bool:
 
 
 def _replace_index(
+    table_name: object, schema: object, concurrently: object, *,
+    build: Callable[[str], str], columns: tuple[str, ...], drop: Callable[[str], str],
+) -> None:
+    """Build index ``build(table)`` on ``columns`` (claim predicate), then drop ``drop(table)``;
+    every argument checked before anything runs."""
+    table = check_name("table_name", table_name)
+    checked_schema = check_schema(schema)
+    concurrent = _check_concurrently(concurrently)
+    require_table("table_name", table, checked_schema)
+    _build_then_drop(table, checked_schema, concurrent, build=build(table), columns=columns, drop=drop(table))
+
+
+def _build_then_drop(
     table: str, schema: str | None, concurrently: bool, *, build: str, columns: tuple[str, ...], drop: str
 ) -> None:
     context = op.get_context()

@@ -129,48 +129,61 @@ def queue_keys(count: int) -> list[str]:
     return [f"queue_{n}" for n in range(count)]
 
 
-def claim(model: Any, queue_count: int = 1) -> Update:
-    """Claim up to ``limit`` runnable jobs from ``queue_count`` queues in one statement.
+def limit_bound(limit: int) -> int:
+    """The bound :func:`claim` is built with for a claim of ``limit`` jobs: the
+    power of two at or above it, so that a worker asking for 1 to 100 jobs
+    uses at most eight statements."""
+    return 1 << (limit - 1).bit_length()
+
+
+def claim(model: Any, queue_count: int = 1, bound: int = 1) -> Update:
+    """Claim up to ``limit`` (at most ``bound``) runnable jobs from ``queue_count`` queues in one statement.
 
     Shape (design notes, section 1, and docs/concepts.md): a CTE holds every
     ``FOR UPDATE SKIP LOCKED`` and the ``LIMIT``; Postgres never inlines a
     CTE with row marks, so the locking scans run exactly once. Inside it,
-    each queue is read on its own (a subquery per queue, merged by UNION
-    ALL when there are several), and within a queue each pending priority on its own: a
-    recursive CTE steps from one priority to the next with one descent of
-    the claim index ``(queue, priority, run_at, id) WHERE status =
+    each queue is read on its own (a subquery per queue, merged by UNION ALL
+    when there are several), and within a queue each pending priority on its
+    own: a recursive CTE steps from one priority to the next with one descent
+    of the claim index ``(queue, priority, run_at, id) WHERE status =
     'pending'``, and each step reads that priority's runnable rows in
     ``(run_at, id)`` order, stopping at the first row not yet due. So a claim
     reads the rows it locks and one index entry per priority, however many
-    jobs other queues or future ``run_at`` hold. The per-queue results
-    (each at most ``limit`` rows) are merged by ``(priority, run_at, id)``.
+    jobs other queues or future ``run_at`` hold. With one queue its rows come
+    out in claim order and the claim stops at ``limit`` locked rows; with
+    several, each queue's part locks up to ``bound`` rows and the parts are
+    merged by ``(priority, run_at, id)``.
 
     The generic plan of a prepared claim (what a pooler that prepares
     statements gets, and what PostgreSQL switches to after five executions
     when it costs no more than the custom ones) must be the custom plan:
 
-    * ``limit`` is rendered into the statement as a literal (it is a checked
-      integer): a ``LIMIT $n`` is estimated at a tenth of the table, which
-      turns the claim into a sequential scan;
+    * the scans' limit is ``bound``, a number in the statement: a generic plan
+      estimates ``LIMIT $n`` at a tenth of the table, which turns the claim
+      into a sequential scan. ``limit`` itself, the last ``LIMIT``, is a
+      parameter, estimated as a tenth of at most ``bound`` rows;
     * each queue is a parameter of its own subquery, not a row of
       ``unnest($1)``, which a generic plan counts as 10 rows and a custom one
       as 1: PostgreSQL would then plan every claim anew.
 
-    Parameters: ``queue_0`` … (:func:`queue_keys`), ``limit``, ``worker``,
-    ``lease`` (timedelta).
-    The caller adds the columns it wants to RETURNING.
+    Parameters: ``queue_0`` … (:func:`queue_keys`), ``limit`` (at most
+    ``bound``: :func:`limit_bound`), ``worker``, ``lease`` (timedelta). The
+    caller adds the columns it wants to RETURNING.
     """
     t: Table = model.__table__
-    limit = bindparam("limit", type_=Integer(), literal_execute=True)
-    parts = [_claim_one_queue(t, key, n, limit) for n, key in enumerate(queue_keys(queue_count))]
-    merged: Any = parts[0] if len(parts) == 1 else union_all(*parts)
-    merged = merged.subquery("per_queue")
-    picked = (
-        select(merged.c.id)
-        .order_by(merged.c.priority, merged.c.run_at, merged.c.id)
-        .limit(limit)
-        .cte("picked")
-    )
+    parts = [_claim_one_queue(t, key, n, bound) for n, key in enumerate(queue_keys(queue_count))]
+    if len(parts) == 1:
+        # Already in claim order: the LIMIT stops the locking scan at ``limit`` rows.
+        merged = parts[0].subquery("per_queue")
+        picked = select(merged.c.id).limit(bindparam("limit")).cte("picked")
+    else:
+        merged = union_all(*parts).subquery("per_queue")
+        picked = (
+            select(merged.c.id)
+            .order_by(merged.c.priority, merged.c.run_at, merged.c.id)
+            .limit(bindparam("limit"))
+            .cte("picked")
+        )
     return (
         update(t)
         .where(t.c.id == picked.c.id)
@@ -185,9 +198,9 @@ def claim(model: Any, queue_count: int = 1) -> Update:
     )
 
 
-def _claim_one_queue(t: Table, key: str, n: int, limit: Any) -> Select[Any]:
+def _claim_one_queue(t: Table, key: str, n: int, limit: int) -> Select[Any]:
     """The first ``limit`` runnable jobs of the queue named by parameter
-    ``key``, in claim order, locked: ``(id, priority, run_at)``."""
+    ``key``, in claim order, locked as they are read: ``(id, priority, run_at)``."""
     pending = and_(t.c.status == PENDING_LITERAL, t.c.queue == bindparam(key, type_=String()))
 
     def lowest_priority(*after: Any, outer: tuple[Any, ...] = ()) -> Any:

@@ -130,3 +130,20 @@ def test_postgres_settles_on_the_generic_plan_of_a_claim(engine: Engine, queues:
         )).one()
         conn.rollback()
     assert custom <= 5 and generic >= 10, (generic, custom)
+
+
+@pytest.mark.parametrize("limit", [1, 3, 5])
+def test_a_claim_from_one_queue_locks_only_the_jobs_it_takes(engine: Engine, limit: int) -> None:
+    """Its statement is built for a power of two at or above ``limit``
+    (statements.limit_bound); the rows past ``limit`` are never locked, so
+    other workers claim them meanwhile."""
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO task_jobs (queue, task) SELECT 'urgent', 'noop' FROM generate_series(1, 20)"))
+    with Session(engine) as holder, engine.connect() as other:
+        held = jobs.claim(holder, queues="urgent", limit=limit)  # not committed: its locks stay
+        free = other.execute(text(
+            "SELECT count(*) FROM (SELECT id FROM task_jobs WHERE status = 'pending' FOR UPDATE SKIP LOCKED) s"
+        )).scalar_one()
+        other.rollback()
+        holder.rollback()
+    assert len(held) == limit and free == 20 - limit

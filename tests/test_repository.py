@@ -250,10 +250,10 @@ def test_claim_respects_the_limit_and_skips_locked_rows(sessions: sessionmaker[S
 def test_claim_statement_locks_in_a_cte_evaluated_once(engine) -> None:  # type: ignore[no-untyped-def]
     stmt = claim_statement(TaskJob)
     compiled = stmt.compile(engine)
-    sql = str(compiled).replace("__[POSTCOMPILE_limit]", "5")  # the limit is a literal
+    sql = str(compiled)
     assert sql.lstrip().startswith("WITH picked AS")
     assert "FOR UPDATE SKIP LOCKED" in sql and " IN (SELECT" not in sql
-    params = compiled.params | {"queue_0": "a", "worker": "w", "lease": LEASE}
+    params = compiled.params | {"queue_0": "a", "limit": 5, "worker": "w", "lease": LEASE}
     with engine.begin() as conn:
         # On a tiny table the planner may rightly prefer a seq scan or a
         # bitmap scan and a sort; with those priced out, the plan shows that
