@@ -184,9 +184,13 @@ def claim(model: Any, queue_count: int = 1, bound: int = 1) -> Update:
             .limit(bindparam("limit"))
             .cte("picked")
         )
+    # ``id = ANY(ARRAY(SELECT id FROM picked))``: the primary key's index,
+    # whatever the planner guesses of picked's size (a join to picked turns
+    # into a hash join over the whole table once it expects a hundred rows).
+    picked_ids = func.array(select(picked.c.id).scalar_subquery(), type_=ARRAY(BigInteger()))
     return (
         update(t)
-        .where(t.c.id == picked.c.id)
+        .where(t.c.id == any_(picked_ids))
         .values(
             status=RUNNING,
             attempts=t.c.attempts + 1,

@@ -147,3 +147,20 @@ def test_a_claim_from_one_queue_locks_only_the_jobs_it_takes(engine: Engine, lim
         other.rollback()
         holder.rollback()
     assert len(held) == limit and free == 20 - limit
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+def test_a_claim_of_a_hundred_jobs_updates_them_by_the_primary_key(
+    engine: Engine, libpq_url: str, plan_cache_mode: str
+) -> None:
+    """A join of the claimed ids to the table turned into a hash join over a
+    sequential scan of the whole table once the planner expected a hundred
+    rows out of a few thousand."""
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO task_jobs (queue, task) SELECT 'bulk', 'noop' FROM generate_series(1, 5000)"))
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE task_jobs"))
+    plan, claimed = claims.explain_claim(libpq_url, TaskJob, ["bulk"], 100, plan_cache_mode)
+    root = plan[0]["Plan"]
+    assert len(claimed) == 100
+    assert not [node for node in _nodes(root) if node["Node Type"] == "Seq Scan"], json.dumps(root, indent=1)
