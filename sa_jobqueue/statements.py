@@ -139,32 +139,19 @@ def limit_bound(limit: int) -> int:
 def claim(model: Any, queue_count: int = 1, bound: int = 1) -> Update:
     """Claim up to ``limit`` (at most ``bound``) runnable jobs from ``queue_count`` queues in one statement.
 
-    Shape (design notes, section 1, and docs/concepts.md): a CTE holds every
-    ``FOR UPDATE SKIP LOCKED`` and the ``LIMIT``; Postgres never inlines a
-    CTE with row marks, so the locking scans run exactly once. Inside it,
-    each queue is read on its own (a subquery per queue, merged by UNION ALL
-    when there are several), and within a queue each pending priority on its
-    own: a recursive CTE steps from one priority to the next with one descent
-    of the claim index ``(queue, priority, run_at, id) WHERE status =
-    'pending'``, and each step reads that priority's runnable rows in
-    ``(run_at, id)`` order, stopping at the first row not yet due. So a claim
-    reads the rows it locks and one index entry per priority, however many
-    jobs other queues or future ``run_at`` hold. With one queue its rows come
-    out in claim order and the claim stops at ``limit`` locked rows; with
-    several, each queue's part locks up to ``bound`` rows and the parts are
-    merged by ``(priority, run_at, id)``.
-
-    The generic plan of a prepared claim (what a pooler that prepares
-    statements gets, and what PostgreSQL switches to after five executions
-    when it costs no more than the custom ones) must be the custom plan:
-
-    * the scans' limit is ``bound``, a number in the statement: a generic plan
-      estimates ``LIMIT $n`` at a tenth of the table, which turns the claim
-      into a sequential scan. ``limit`` itself, the last ``LIMIT``, is a
-      parameter, estimated as a tenth of at most ``bound`` rows;
-    * each queue is a parameter of its own subquery, not a row of
-      ``unnest($1)``, which a generic plan counts as 10 rows and a custom one
-      as 1: PostgreSQL would then plan every claim anew.
+    Shape (docs/concepts.md, "The claim", says why each part is there): a
+    CTE holds every ``FOR UPDATE SKIP LOCKED`` and ``LIMIT``, so the locking
+    scans run once. Each queue is its own subquery (UNION ALL when several);
+    in it a recursive CTE steps through the pending priorities, one descent
+    of the claim index each, and each priority's runnable rows are read in
+    ``(run_at, id)`` order up to the first not yet due. One queue's rows come
+    out in claim order and the claim locks only ``limit`` of them; several
+    queues lock up to ``bound`` rows each and are merged by ``(priority,
+    run_at, id)``. The plan is the same whether PostgreSQL plans it with the
+    values or generically: ``bound`` is a number in the statement (a generic
+    ``LIMIT $n`` over the table is estimated at a tenth of it), each queue a
+    parameter of its own (``unnest($1)`` is counted as 10 rows generically, 1
+    with the values), and the UPDATE finds the rows by primary key.
 
     Parameters: ``queue_0`` … (:func:`queue_keys`), ``limit`` (at most
     ``bound``: :func:`limit_bound`), ``worker``, ``lease`` (timedelta). The
