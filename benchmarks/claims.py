@@ -97,12 +97,12 @@ def time_claims(url: Any, samples: int) -> dict[str, float]:
     return medians
 
 
-def explain_claim(dsn: str, model: Any, queues: list[str], limit: int, plan_cache_mode: str,
-                  fmt: str = "JSON") -> tuple[Any, list[int]]:
-    """EXPLAIN (ANALYZE, BUFFERS) of the library's claim statement on ``model``,
-    prepared as the driver would prepare it, then the claim itself; both
-    rolled back. Returns (the plan, JSON-decoded or as text lines, and the
-    claimed ids)."""
+def prepared_claim(
+    model: Any, queues: list[str], limit: int, name: str = "sajq_claim"
+) -> tuple[str, str, dict[str, Any]]:
+    """The library's claim statement on ``model`` as SQL: ``(PREPARE name(…) AS …,
+    EXECUTE name(…) with placeholders, the values)``. The EXECUTE takes its
+    arguments as literals: run it on a ``psycopg.ClientCursor``."""
     from sa_jobqueue import statements
     from sa_jobqueue.claim import DEFAULT_LEASE
 
@@ -116,17 +116,27 @@ def explain_claim(dsn: str, model: Any, queues: list[str], limit: int, plan_cach
     # A limit rendered as a literal at execution shows as a placeholder here.
     sql = str(compiled).replace("__[POSTCOMPILE_limit]", str(limit))
     values = compiled.params | named | {"worker": "bench", "lease": DEFAULT_LEASE, "limit": limit}
-    order = [name for name in compiled.positiontup or [] if f"__[POSTCOMPILE_{name}]" not in str(compiled)]
-    placeholders = ", ".join(f"%({name})s" for name in order)
-    types = ", ".join(_sql_type(dialect, compiled.binds[name].type) for name in order)
+    order = [key for key in compiled.positiontup or [] if f"__[POSTCOMPILE_{key}]" not in str(compiled)]
+    types = ", ".join(_sql_type(dialect, compiled.binds[key].type) for key in order)
+    placeholders = ", ".join(f"%({key})s" for key in order)
+    return f"PREPARE {name}({types}) AS {sql}", f"EXECUTE {name}({placeholders})", values
+
+
+def explain_claim(dsn: str, model: Any, queues: list[str], limit: int, plan_cache_mode: str,
+                  fmt: str = "JSON") -> tuple[Any, list[int]]:
+    """EXPLAIN (ANALYZE, BUFFERS) of the library's claim statement on ``model``,
+    prepared as the driver would prepare it, then the claim itself; both
+    rolled back. Returns (the plan, JSON-decoded or as text lines, and the
+    claimed ids)."""
+    prepare, execute, values = prepared_claim(model, queues, limit)
     with psycopg.connect(dsn) as conn:
         cur = psycopg.ClientCursor(conn)  # EXECUTE takes its arguments as literals
         cur.execute(f"SET plan_cache_mode = {plan_cache_mode}")
-        cur.execute(f"PREPARE sajq_claim({types}) AS {sql}")
-        cur.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT {fmt}) EXECUTE sajq_claim({placeholders})", values)
+        cur.execute(prepare)
+        cur.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT {fmt}) {execute}", values)
         rows = cur.fetchall()
         conn.rollback()
-        cur.execute(f"EXECUTE sajq_claim({placeholders})", values)
+        cur.execute(execute, values)
         claimed = [row[0] for row in cur.fetchall()]
         conn.rollback()
     if fmt == "JSON":

@@ -456,23 +456,6 @@ class StandIn(threading.Thread):
                 self.errors.append(f"stand-in autovacuum failed: {exc}")
 
 
-# sa_jobqueue's claim (statements.claim, docs/concepts.md "The claim"), written out for EXPLAIN.
-PROBE_CLAIM = f"""
-EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON)
-WITH picked AS (
-    SELECT id FROM {TABLE}
-    WHERE status = 'pending' AND queue = ANY(%s::varchar[]) AND run_at <= now()
-    ORDER BY priority, run_at, id
-    LIMIT %s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {TABLE} SET status = 'running', attempts = {TABLE}.attempts + 1, locked_at = now(),
-       locked_by = %s, lease_expires_at = now() + %s::interval, lock_token = gen_random_uuid()
-FROM picked WHERE {TABLE}.id = picked.id
-RETURNING {TABLE}.*
-"""
-
-
 def plan_indexes(node: dict[str, Any]) -> set[str]:
     found = {node["Index Name"]} if "Index Name" in node else set()
     for child in node.get("Plans", []):
@@ -488,8 +471,17 @@ class Probe(threading.Thread):
 
     def __init__(self, dsn: str, interval: float) -> None:
         super().__init__(daemon=True, name="soak-probe")
+        import claims
+
+        from sa_jobqueue.default import Job
+
         self.conn = connect(dsn, "sajq_soak_probe", autocommit=False)
         self.conn.execute("SET statement_timeout = '10s'")
+        # The library's own claim statement (benchmarks/claims.py), prepared once.
+        prepare, self.execute, self.values = claims.prepared_claim(Job, [QUEUE], 1, "sajq_soak_probe")
+        self.values["worker"] = "soak-probe"
+        self.cursor = psycopg.ClientCursor(self.conn)
+        self.cursor.execute(prepare)
         self.conn.commit()
         self.interval = interval
         self.stopping = threading.Event()
@@ -500,7 +492,9 @@ class Probe(threading.Thread):
     def run(self) -> None:
         while not self.stopping.wait(self.interval):
             try:
-                row = self.conn.execute(PROBE_CLAIM, ([QUEUE], 1, "soak-probe", "60 seconds")).fetchone()
+                row = self.cursor.execute(
+                    f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {self.execute}", self.values
+                ).fetchone()
                 assert row is not None
                 explained = row[0][0]
                 plan = explained["Plan"]
