@@ -43,6 +43,7 @@ from .checks import (
     positive_int,
 )
 from .claim import DEFAULT_LEASE, Claimer, default_worker_name
+from .direct import DirectStatement
 from .enqueue import Enqueuer
 from .errors import InvalidArgumentError, JobLostError
 from .mixin import JobMixin, job_table
@@ -84,7 +85,7 @@ class JobRepository(Generic[M]):
         self._claimer = Claimer(model, self.snapshots)
         # Statements are values: built once, reused with new parameters, so the
         # hot path skips construction and hits SQLAlchemy's compiled cache.
-        self._complete = statements.complete(model, keep_done=self.keep_done)
+        self._complete = DirectStatement(statements.complete(model, keep_done=self.keep_done))
         self._complete_many = statements.complete_many(model, keep_done=self.keep_done)
         self._fail = statements.fail(model)
         self._heartbeat = statements.heartbeat(model)
@@ -192,7 +193,9 @@ class JobRepository(Generic[M]):
         check_session(session)
         check_claimed("job", job, self.model)
         params = {"job_id": job.id, "token": job.lock_token}
-        if session.execute(self._complete, params, execution_options=_NO_SYNC).first() is None:
+        # The connection session.execute would pick for this statement.
+        connection = session.connection(bind_arguments={"clause": self._complete.statement})
+        if not self._complete.rows(connection, params):
             raise JobLostError(job.id, "complete")
 
     def complete_many(self, session: Session, jobs: Sequence[M]) -> set[int]:

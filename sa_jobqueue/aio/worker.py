@@ -49,6 +49,7 @@ from ..worker.completer import Completer
 from ..worker.context import Control, WorkerContext
 from ..worker.executor import JobExecutor
 from ..worker.face import WorkerFace
+from ..worker.job_sessions import JobSessions
 from ..worker.maintenance import PeriodicPass, Reaper
 from ..worker.options import CLAIMERS, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_STALL_TIMEOUT, Mode, WorkerOptions
 from ..worker.pace import Pacer
@@ -313,7 +314,8 @@ class AsyncWorker(WorkerFace):
                           sessionmaker(self._engine.sync_engine, expire_on_commit=False))
         return WorkerContext(
             options=self.options, name=self.name, tasks=self.tasks, repositories=self.repositories,
-            sessions=control.sessions, control=control, books=self._books,
+            sessions=control.sessions, job_sessions=JobSessions(control.sessions, hold=False), control=control,
+            books=self._books,
             completer=Completer(self._books, control, sender=self, name=self.name, write_when_full=False),
             pacer=_pacer(self.options), sender=self,
         )
@@ -326,7 +328,8 @@ class AsyncWorker(WorkerFace):
         assert self._sync_sessions is not None
         return WorkerContext(
             options=ctx.options, name=ctx.name, tasks=ctx.tasks, repositories=ctx.repositories,
-            sessions=self._sync_sessions, control=Control(None, self._sync_sessions), books=ctx.books,
+            sessions=self._sync_sessions, job_sessions=JobSessions(self._sync_sessions, hold=False),
+            control=Control(None, self._sync_sessions, [repo.table for repo in ctx.repositories]), books=ctx.books,
             completer=ctx.completer, pacer=ctx.pacer, sender=self, watch_connection=watch_connection,
         )
 

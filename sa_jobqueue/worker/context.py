@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import Table
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..inflight import NOT_WATCHED, ConnectionWatch
+from .job_sessions import READ_COMMITTED, JobSessions, read_committed_connection
 
 if TYPE_CHECKING:
     from ..task import Tasks
@@ -25,30 +27,34 @@ if TYPE_CHECKING:
     from .options import WorkerOptions
     from .pace import Pacer
 
-READ_COMMITTED = {"isolation_level": "READ COMMITTED"}
+__all__ = ["READ_COMMITTED", "Control", "WorkerContext"]
 
 
 class Control:
     """Transactions for the worker's own one-statement writes: autocommit on
     the worker's own engine when it has one, else a READ COMMITTED
-    transaction of the app's sessionmaker (binds per table)."""
+    transaction of the app's sessionmaker on the connection of each job
+    table (``tables``), which works with per-table ``binds`` too."""
 
-    def __init__(self, own: sessionmaker[Session] | None, sessions: sessionmaker[Session]) -> None:
+    def __init__(self, own: sessionmaker[Session] | None, sessions: sessionmaker[Session],
+                 tables: Sequence[Table] = ()) -> None:
         self.own = own
         self.sessions = sessions
+        self.tables = list(tables)
 
     @contextmanager
     def __call__(self) -> Iterator[Session]:
         with (self.own or self.sessions)() as session, session.begin():
             if self.own is None:
-                session.connection(execution_options=READ_COMMITTED)
+                read_committed_connection(session, self.tables)
             yield session
 
 
 @dataclass
 class WorkerContext:
-    """One worker's shared parts. ``sessions`` makes the jobs' sessions (the
-    application's); ``control`` the worker's own transactions, for its
+    """One worker's shared parts. ``sessions`` is the application's
+    sessionmaker, ``job_sessions`` the jobs' sessions made from it (on the
+    connections their slots hold); ``control`` the worker's own transactions, for its
     one-statement writes (claims, heartbeats, reaps, batched completions,
     failures recorded from outside a job's session)."""
 
@@ -62,6 +68,7 @@ class WorkerContext:
     completer: Completer
     pacer: Pacer
     sender: Any  # the sender of signals: the Worker
+    job_sessions: JobSessions
     stopping: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event = field(default_factory=threading.Event)
     sessions_open: int = 0  # job sessions this worker holds right now

@@ -2,8 +2,9 @@
 
 The steps, in order:
 
-1. The job's session connects (READ COMMITTED, whatever the engine's
-   default). If it cannot (the pool is exhausted, the server refuses), the
+1. The job gets a fresh session, on the connection its slot holds
+   (:mod:`~sa_jobqueue.worker.job_sessions`; READ COMMITTED, whatever the
+   engine's default). If it cannot connect (the pool is exhausted, the server refuses), the
    handler never started: the job is handed back without spending its
    attempt, and the worker waits a poll interval before claiming again.
 2. The handler runs; its return value must not be an awaitable.
@@ -38,7 +39,7 @@ from ..errors import JobLostError
 from ..inflight import ConnectionWatch
 from ..logs import job_context
 from .books import Held
-from .context import READ_COMMITTED, WorkerContext
+from .context import WorkerContext
 from .failures import Failure, failure_of, record_failure, refuse_awaitable
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -81,21 +82,10 @@ class JobExecutor:
             if not self._fenced_late(held):
                 ctx.completer.add(repo, job, time.monotonic() - (held.started or 0.0))
             return
-        with ctx.sessions() as session:
-            try:
-                self._run_in_session(held, task, session)
-            finally:
-                with held.lock:  # before the session's connection goes back to the pool
-                    held.finished = True
-
-    def _run_in_session(self, held: Held, task: Any, session: Session) -> None:
-        ctx = self.ctx
         held.thread = threading.get_ident()
         held.connecting_since = time.monotonic()  # the lease mode's watch gives up on a stalled checkout
         try:
-            session.begin()
-            connection = session.connection(execution_options=READ_COMMITTED)
-            held.backend_pid = backend_pid(connection)
+            session, connection = ctx.job_sessions.open(repo.table)
         except Exception as exc:
             with held.lock:
                 held.connecting_since = None
@@ -103,6 +93,16 @@ class JobExecutor:
             if not gave_up:
                 self._hand_back_unstarted(held, exc)
             return
+        with session:
+            try:
+                self._run_in_session(held, task, session, connection)
+            finally:
+                with held.lock:  # before the session's connection serves another job or goes back to the pool
+                    held.finished = True
+
+    def _run_in_session(self, held: Held, task: Any, session: Session, connection: Any) -> None:
+        ctx = self.ctx
+        held.backend_pid = backend_pid(connection)
         with held.lock:  # decided once: the watch gave up on this checkout, or it did not
             held.connecting_since = None
             if held.gave_up:
@@ -213,7 +213,8 @@ class JobExecutor:
                 "worker %s: job %s could not get a connection: the jobs' pool is exhausted (%s); this worker's "
                 "running jobs hold %s of them, so the others are held elsewhere (a handler that keeps a session "
                 "open leaks one per job). The job is handed back unstarted.",
-                ctx.name, job.id, pool.status() if pool is not None else "unknown pool", ctx.sessions_open,
+                ctx.name, job.id, pool.status() if pool is not None else "unknown pool",
+                max(ctx.sessions_open, ctx.job_sessions.held),
             )
         else:
             log.error("worker %s: job %s could not connect (%r); it is handed back unstarted", ctx.name, job.id, exc)

@@ -44,7 +44,8 @@ class LeaseMode:
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         self.executor = JobExecutor(ctx)
-        self.slots = Slots(ctx.options.concurrency, name="sa_jobqueue", on_done=self._slot_done)
+        self.slots = Slots(ctx.options.concurrency, name="sa_jobqueue", on_done=self._slot_done,
+                           on_idle=ctx.job_sessions.release)
         self.claimers = Slots(CLAIMERS, name="sa_jobqueue-claim", on_done=lambda _: ctx.wake.set())
         self._overdue: list[Held] = []  # timed out, their handler not returned yet
         self._next_hand_back = 0.0

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 
 from .. import signals
-from .context import READ_COMMITTED
+from ..periodic import PERIODIC
+from .job_sessions import read_committed_connection
 
 if TYPE_CHECKING:
     from ..periodic import PeriodicScheduler
@@ -73,7 +74,7 @@ class PeriodicPass:
                     self._failing = False
                     return False
             with ctx.sessions() as session, session.begin():
-                session.connection(execution_options=READ_COMMITTED)
+                read_committed_connection(session, [PERIODIC, *ctx.control.tables])
                 jobs: Any = self.scheduler.run_due(session)
         except Exception:
             # Logged once per run of failures (a missing sa_jobqueue_periodic

@@ -9,7 +9,9 @@ which matters when a claim brings a hundred no-op jobs at once.
 What the worker relies on: calls start in submission order, at most
 ``size`` at a time; ``len(slots)`` counts calls submitted and not finished;
 ``on_done(active)`` runs in the slot's thread after each call with the count
-left; an exception escaping a call is logged and counted as "found nothing"
+left; ``on_idle()`` runs in a slot's thread when it finds no call waiting,
+before it waits for one, and when the thread ends (a slot gives back what
+it held for its calls there); an exception escaping a call is logged and counted as "found nothing"
 and never kills a thread; :meth:`take_unstarted` removes the calls no thread
 has started; :meth:`abandon` gives up on a thread stuck in a call (a Python
 thread cannot be killed): the call counts as finished, a new thread takes
@@ -34,10 +36,13 @@ _STOP = None
 class Slots:
     """``size`` threads running submitted calls; each call returns whether it found work."""
 
-    def __init__(self, size: int, *, name: str, on_done: Callable[[int], None]) -> None:
+    def __init__(
+        self, size: int, *, name: str, on_done: Callable[[int], None], on_idle: Callable[[], None] | None = None
+    ) -> None:
         self._queue: queue.SimpleQueue[tuple[Callable[..., bool], tuple[Any, ...]] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._on_done = on_done
+        self._on_idle = on_idle
         self._active = 0
         self._ran = 0
         self._empty = 0
@@ -120,8 +125,27 @@ class Slots:
                 thread.join()
 
     def _serve(self) -> None:
+        try:
+            self._serve_calls()
+        finally:
+            if self._on_idle is not None:
+                self._idle_hook()
+
+    def _idle_hook(self) -> None:
+        assert self._on_idle is not None
+        try:
+            self._on_idle()
+        except Exception:
+            log.exception("job slot's idle hook failed")
+
+    def _serve_calls(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                if self._on_idle is not None:
+                    self._idle_hook()  # before waiting: nothing is held while there is nothing to do
+                item = self._queue.get()
             if item is _STOP:
                 return
             call, args = item

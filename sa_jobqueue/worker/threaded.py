@@ -46,6 +46,7 @@ from .books import Books, WorkerResult
 from .completer import Completer
 from .context import Control, WorkerContext
 from .face import WorkerFace
+from .job_sessions import JobSessions
 from .lease import LeaseMode
 from .maintenance import PeriodicPass, Reaper
 from .options import CLAIMERS, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_STALL_TIMEOUT, Mode, WorkerOptions
@@ -218,10 +219,11 @@ class Worker(WorkerFace):
     # -- parts -----------------------------------------------------------------
 
     def _context(self, own: Engine | None) -> WorkerContext:
-        control = Control(sessionmaker(own, expire_on_commit=False) if own is not None else None, self._sessions)
+        control = Control(sessionmaker(own, expire_on_commit=False) if own is not None else None, self._sessions,
+                          [repo.table for repo in self.repositories])
         return WorkerContext(
             options=self.options, name=self.name, tasks=self.tasks, repositories=self.repositories,
-            sessions=self._sessions, control=control, books=self._books,
+            sessions=self._sessions, job_sessions=JobSessions(self._sessions), control=control, books=self._books,
             completer=Completer(self._books, control, sender=self, name=self.name),
             pacer=_pacer(self.options), sender=self,
         )

@@ -1,0 +1,140 @@
+"""The library's own statements sent through psycopg's cursor (sa_jobqueue/direct.py):
+in the session's transaction, as SQLAlchemy would send them where anything could tell."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from jobapp import Ledger, TaskJob, jobs, reports
+from sqlalchemy import Engine, create_engine, event, func, select, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session, sessionmaker
+from waiting import wait_for
+
+from sa_jobqueue import JobLostError
+from sa_jobqueue.direct import DirectStatement
+
+LEASE = timedelta(minutes=5)
+
+
+def _claimed(sessions: sessionmaker[Session], repo: Any = jobs) -> Any:
+    with sessions.begin() as session:
+        repo.enqueue(session, "noop")
+    with sessions.begin() as session:
+        [job] = repo.claim(session, lease=LEASE)
+    return job
+
+
+def test_a_completion_commits_with_the_sessions_writes_or_not_at_all(sessions: sessionmaker[Session]) -> None:
+    kept, dropped = _claimed(sessions), _claimed(sessions)
+    with sessions.begin() as session:
+        session.add(Ledger(job_id=kept.id))
+        jobs.complete(session, kept)
+    with sessions() as session:
+        session.add(Ledger(job_id=dropped.id))
+        jobs.complete(session, dropped)
+        session.rollback()
+    with sessions() as session:
+        assert list(session.scalars(select(Ledger.job_id))) == [kept.id]
+        assert [j.id for j in session.scalars(select(TaskJob))] == [dropped.id]
+        with pytest.raises(JobLostError):
+            jobs.complete(session, kept)  # fenced: already finished
+
+
+def test_a_table_that_keeps_jobs_gets_the_statements_own_values(sessions: sessionmaker[Session]) -> None:
+    job = _claimed(sessions, reports)
+    with sessions.begin() as session:
+        reports.complete(session, job)
+    with sessions() as session:
+        row = session.get(type(job), job.id)
+        assert row is not None and (row.status, row.lock_token, row.lease_expires_at) == ("done", None, None)
+        assert row.finished_at is not None
+
+
+def test_rows_come_straight_from_psycopg_unless_something_listens(engine: Engine) -> None:
+    direct = DirectStatement(select(func.pg_backend_pid().label("pid"), text(":n AS n")))
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    with engine.connect() as conn:
+        [row] = direct.rows(conn, {"n": 7})
+        assert type(row) is tuple and row[1] == 7  # psycopg's own row: SQLAlchemy did not run it
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            [row] = direct.rows(conn, {"n": 8})
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
+        assert type(row) is not tuple and row.n == 8 and len(seen) == 1  # a listener sees every statement
+
+
+def test_a_schema_translate_map_is_honoured(db_url: Any, sessions: sessionmaker[Session]) -> None:
+    public = _claimed(sessions)  # a job in the default schema's table, left alone
+    base = create_engine(db_url)
+    with base.begin() as conn:
+        conn.execute(text("DROP SCHEMA IF EXISTS tenant_a CASCADE"))
+        conn.execute(text("CREATE SCHEMA tenant_a"))
+    tenant = base.execution_options(schema_translate_map={None: "tenant_a"})
+    try:
+        TaskJob.__table__.create(tenant)  # type: ignore[attr-defined]
+        translated = sessionmaker(tenant, expire_on_commit=False)
+        job = _claimed(translated)
+        with translated.begin() as session:
+            jobs.complete(session, job)  # sent to task_jobs, it would find no such job: JobLostError
+        with translated() as session:
+            assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
+        with sessions() as session:
+            assert [j.id for j in session.scalars(select(TaskJob))] == [public.id]  # untouched
+    finally:
+        with base.begin() as conn:
+            conn.execute(text("DROP SCHEMA tenant_a CASCADE"))
+        base.dispose()
+
+
+@pytest.fixture
+def locker(engine: Engine) -> Iterator[Any]:
+    with engine.connect() as conn:
+        yield conn
+        conn.rollback()
+
+
+def test_a_driver_error_is_sqlalchemys_error_and_leaves_the_connection(
+    sessions: sessionmaker[Session], locker: Any
+) -> None:
+    job = _claimed(sessions)
+    locker.execute(select(TaskJob.id).where(TaskJob.id == job.id).with_for_update())
+    with sessions() as session:
+        session.execute(text("SET LOCAL lock_timeout = '50ms'"))
+        with pytest.raises(sa_exc.OperationalError) as raised:
+            jobs.complete(session, job)
+        assert isinstance(raised.value.orig, psycopg.errors.LockNotAvailable)
+        assert not raised.value.connection_invalidated
+        assert "DELETE FROM task_jobs" in str(raised.value)
+        session.rollback()
+        assert session.scalar(text("SELECT 1")) == 1  # the connection still serves
+    locker.rollback()
+    with sessions.begin() as session:
+        jobs.complete(session, job)
+
+
+def test_a_lost_connection_invalidates_it(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    job = _claimed(sessions)
+    with sessions() as session:
+        connection = session.connection()
+        pid = connection.scalar(select(func.pg_backend_pid()))
+        with engine.connect() as killer:
+            killer.execute(select(func.pg_terminate_backend(pid)))
+            wait_for(lambda: not killer.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
+                                               {"p": pid}), 30, "the backend gone")
+        with pytest.raises(sa_exc.DBAPIError) as raised:
+            jobs.complete(session, job)
+        assert raised.value.connection_invalidated and connection.invalidated
+    with sessions.begin() as session:  # the pool gave the broken connection up
+        jobs.complete(session, job)
+        assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
+
