@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from . import statements
 from .checks import clean_error
+from .direct import DirectStatement
 from .mixin import JobMixin
 from .snapshot import Snapshots, json_loads
 
@@ -48,23 +49,27 @@ class Claimer(Generic[M]):
         self.snapshots = snapshots
         # Built once per number of queues and bound (statements.limit_bound),
         # reused with new parameters (SQLAlchemy's compiled cache).
-        self._claims: dict[tuple[int, int], Any] = {}
+        self._claims: dict[tuple[int, int], DirectStatement] = {}
         self._bury = statements.bury(model)
 
     def claim(self, session: Session, params: dict[str, Any]) -> list[M]:
         """Run the claim with checked ``params`` (``queues``, ``limit``,
         ``worker``, ``lease``); return the decodable jobs in claim order."""
-        loads = json_loads(session.connection(bind_arguments={"mapper": self.model}))
         queues = list(dict.fromkeys(params["queues"]))  # a queue named twice is read once
         shape = len(queues), statements.limit_bound(params["limit"])
-        statement = self._claims.get(shape)
-        if statement is None:
-            statement = statements.claim(self.model, *shape).returning(*self.snapshots.text_columns)
-            self._claims[shape] = statement
+        claim = self._claims.get(shape)
+        if claim is None:
+            returning = self.snapshots.text_columns
+            claim = DirectStatement(statements.claim(self.model, *shape).returning(*returning),
+                                    results=[column.type for column in returning])
+            self._claims[shape] = claim
+        # The connection session.execute would pick for this statement.
+        connection = session.connection(bind_arguments={"clause": claim.statement})
+        loads = json_loads(connection)
         params = {k: v for k, v in params.items() if k != "queues"} | dict(zip(statements.queue_keys(len(queues)),
                                                                                queues, strict=True))
         while True:
-            jobs, failed = self.snapshots.decode(session.execute(statement, params).all(), loads)
+            jobs, failed = self.snapshots.decode(claim.rows(connection, params), loads)
             if not failed:
                 break
             self._bury_undecodable(session, failed)  # each round takes rows off the queue for good

@@ -91,8 +91,8 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool, QueuePool
 from .errors import InvalidArgumentError
 
 __all__ = [
-    "backend_pid", "discard_fatal", "driver_backend_pid", "driver_connect", "is_fatal_to_connection", "own_session",
-    "raw_connect", "worker_engine",
+    "backend_pid", "driver_backend_pid", "driver_connect", "is_fatal_to_connection", "own_session", "raw_connect",
+    "worker_engine",
 ]
 
 #: An execution option set on every worker engine: the mark that the shared
@@ -249,8 +249,8 @@ def worker_engine(engine: Engine, *, pool_size: int, name: str, max_overflow: in
         hide_parameters=engine.hide_parameters, execution_options=options,
     )
     with _install_lock:
-        if not event.contains(engine.dialect, "handle_error", discard_fatal):
-            event.listen(engine.dialect, "handle_error", discard_fatal)
+        if not event.contains(engine.dialect, "handle_error", _discard_fatal):
+            event.listen(engine.dialect, "handle_error", _discard_fatal)
     return own
 
 
@@ -311,7 +311,7 @@ def _detached_connections(engine: Engine, *, driver: bool = False) -> Callable[[
     return connect
 
 
-def discard_fatal(context: ExceptionContext) -> None:
+def _discard_fatal(context: ExceptionContext) -> None:
     """The worker engines' ``handle_error``, installed on their dialect (see
     the module docstring); it leaves other engines' errors alone."""
     engine = context.engine

@@ -9,7 +9,7 @@ commits or rolls back with it exactly as before.
 
 It falls back to ``Connection.execute`` whenever skipping SQLAlchemy could
 be seen: a connection that is not psycopg 3's, a statement whose
-parameters need a type's bind processor, an engine with ``echo`` or with
+parameters or returned columns need a type's bind or result processor, an engine with ``echo`` or with
 listeners for ``before_cursor_execute``, ``after_cursor_execute`` or
 ``handle_error`` other than the worker's own (SQL logging, tracing, error translation see every
 statement, as they always did), a connection with a
@@ -29,14 +29,21 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.expression import Executable
 
-from .connections import discard_fatal
+# The worker's own ``handle_error`` (connections.discard_fatal) lives there; it
+# changes only the errors of the worker's own engines. Named, not imported:
+# this module stays a leaf of the imports.
+_OWN_LISTENERS = "sa_jobqueue.connections"
 
 
 class DirectStatement:
     """One statement of the library, executed directly where nothing would notice."""
 
-    def __init__(self, statement: Executable) -> None:
+    def __init__(self, statement: Executable, *, results: Sequence[Any] = ()) -> None:
+        """``results``: the types of the columns it returns, so that one
+        whose type converts values read from the driver (an ``Enum``, a
+        ``TypeDecorator``) sends it through SQLAlchemy."""
         self.statement = statement
+        self.results = list(results)
         # By dialect: its SQL and the values the statement binds itself (a
         # ``values(status='done')``), or None when it needs SQLAlchemy.
         self._sql: dict[Dialect, tuple[str, dict[str, Any]] | None] = {}
@@ -69,7 +76,8 @@ class DirectStatement:
         try:
             return self._sql[dialect]
         except KeyError:
-            sql = self._sql[dialect] = _compile(self.statement, dialect)
+            converts = any(_reads(kind, dialect) for kind in self.results)
+            sql = self._sql[dialect] = None if converts else _compile(self.statement, dialect)
             return sql
 
 
@@ -81,7 +89,7 @@ def _observed(connection: Connection) -> bool:
     if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
         return True
     handlers: Any = connection.dialect.dispatch.handle_error
-    return any(handler is not discard_fatal for handler in handlers)
+    return any(getattr(handler, "__module__", None) != _OWN_LISTENERS for handler in handlers)
 
 
 def _compile(statement: Executable, dialect: Dialect) -> tuple[str, dict[str, Any]] | None:
@@ -100,6 +108,11 @@ def _compile(statement: Executable, dialect: Dialect) -> tuple[str, dict[str, An
     required = {bind.key for bind in compiled.binds.values() if bind.required}  # the caller's parameters
     values = {name: value for name, value in compiled.params.items() if name not in required}
     return str(compiled.string), values
+
+
+def _reads(kind: Any, dialect: Dialect) -> bool:
+    """Whether SQLAlchemy converts values of the type ``kind`` as it reads them."""
+    return kind.dialect_impl(dialect).result_processor(dialect, None) is not None
 
 
 def _wrapped(connection: Connection, sql: str, params: Mapping[str, Any], exc: psycopg.Error,

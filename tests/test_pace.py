@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sa_jobqueue.worker.pace import Pacer
+from sa_jobqueue.worker.pace import AHEAD, SHORT_JOB, Pacer
 
 
 def _fixed(value: float) -> Iterator[float]:
@@ -181,3 +181,30 @@ def test_in_transaction_mode_a_batch_that_ends_while_others_probe_is_looked_for_
     p.results(0.0, hits=1, misses=0, claiming=0, ran=1, listening=False, probing=1)
     p.results(0.0, hits=0, misses=1, claiming=0, ran=0, listening=False)
     assert p.found and p.probes(0.0, free=1) == 1
+
+
+def test_without_a_batch_size_short_jobs_are_claimed_ahead_and_long_ones_never() -> None:
+    p = pacer()
+    assert p.claims(0.0, held=0, claiming=0) == [4]  # nothing ran yet: the free threads only
+    for _ in range(5):
+        p.job_ran(0.002)
+    assert p.batch() == AHEAD and p.held_at_most() == 3 * AHEAD
+    assert p.claims(0.0, held=4, claiming=0) == [AHEAD, AHEAD]  # ahead of the busy threads, two claimers
+    assert p.claims(0.0, held=3 * AHEAD - AHEAD + 1, claiming=0) == []  # less than a batch free: wait
+    for _ in range(30):
+        p.job_ran(2.0)  # the jobs got long
+    assert p.mean_run is not None and p.mean_run > SHORT_JOB
+    assert p.batch() is None and p.claims(0.0, held=4, claiming=0) == []
+    assert p.claims(0.0, held=3, claiming=0) == [1]  # one thread free: one job
+
+
+def test_the_claim_ahead_follows_a_given_batch_size_or_the_concurrency() -> None:
+    given = pacer(capacity=30, batch_size=10)
+    given.job_ran(0.001)
+    assert given.batch() == 10 and given.held_at_most() == 30
+    wide = pacer(capacity=64, concurrency=64)
+    wide.job_ran(0.001)
+    assert wide.batch() == 64 and wide.held_at_most() == 3 * 64
+    transaction = pacer(claimers=0)  # transaction mode claims in its batches, never ahead
+    transaction.job_ran(0.001)
+    assert transaction.batch() is None and transaction.held_at_most() == 4

@@ -85,6 +85,8 @@ class AsyncJobExecutor:
         finally:
             held.task = None
             held.finished = True
+            if held.started is not None:  # how long jobs take decides how far ahead to claim
+                self.ctx.pacer.job_ran(time.monotonic() - held.started)
 
     async def _run(self, held: Held) -> None:
         ctx, job = self.ctx, held.job

@@ -63,6 +63,8 @@ class JobExecutor:
         finally:
             with held.lock:
                 held.finished = True
+            if held.started is not None:  # how long jobs take decides how far ahead to claim
+                self.ctx.pacer.job_ran(time.monotonic() - held.started)
         return True
 
     def _run(self, held: Held) -> None:

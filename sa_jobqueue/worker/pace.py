@@ -18,6 +18,13 @@ The rules, shared by both modes:
   ``poll_interval`` (it only catches scheduled jobs and retries).
 * A notification, or a job that finished (it may have made work runnable:
   a retry due now, a job its handler enqueued), ends the idle wait.
+* Lease mode without a ``batch_size`` claims as many jobs as it has free
+  threads, while its jobs are long; once they are short (their running mean
+  at most :data:`SHORT_JOB`), it claims ahead, :data:`AHEAD` jobs at a time
+  (more with more threads), as with that ``batch_size``: each claim is a
+  round trip and a commit, which a job of a few milliseconds must not pay
+  alone. Long jobs are never claimed ahead, so they do not wait behind each
+  other in one worker while another has idle threads.
 """
 
 from __future__ import annotations
@@ -28,6 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Jitter = Callable[[float, float], float]
+
+#: A job this short or shorter (seconds, running mean) is claimed ahead in lease mode.
+SHORT_JOB = 0.01
+#: The claim-ahead batch of short jobs, when no ``batch_size`` is given (or the concurrency, if larger).
+AHEAD = 32
+# The weight of the latest job in the running mean of job durations.
+_MEAN_WEIGHT = 0.2
 
 
 @dataclass
@@ -49,6 +63,7 @@ class Pacer:
     # sent before it must not make the worker idle, or the job it announced
     # would wait a whole poll interval.
     woken: bool = False
+    mean_run: float | None = None  # running mean of the jobs' durations (lease mode), None before the first
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     # -- what happened -------------------------------------------------------
@@ -90,6 +105,31 @@ class Pacer:
         self.found = False
         self.next_probe = now + self.poll_interval
 
+    def job_ran(self, seconds: float) -> None:
+        """A job's handler ran for ``seconds``; called from the slot's thread."""
+        with self._lock:
+            mean = self.mean_run
+            self.mean_run = seconds if mean is None else mean + _MEAN_WEIGHT * (seconds - mean)
+
+    def batch(self) -> int | None:
+        """The size of a claim ahead: the ``batch_size``, else :data:`AHEAD` (at
+        least the concurrency) while jobs are short, else None (claim for the
+        free threads only)."""
+        if self.batch_size:
+            return self.batch_size
+        mean = self.mean_run
+        if self.claimers and mean is not None and mean <= SHORT_JOB:
+            return max(AHEAD, self.concurrency)
+        return None
+
+    def held_at_most(self) -> int:
+        """How many claimed jobs the worker may hold now (the options' capacity,
+        or what claiming ahead short jobs needs: as with that batch size)."""
+        batch = self.batch()
+        if batch is None or self.batch_size:
+            return self.capacity
+        return max(self.capacity, (self.claimers + 1) * batch)
+
     def claim_sent(self, ask: int) -> None:
         with self._lock:
             self.reserved += ask
@@ -108,8 +148,8 @@ class Pacer:
         Topping up one job per completion would turn each claim of 100 into
         100 claims of 1. ``inflight`` counts jobs held, claims in flight included.
         """
-        free = self.capacity - inflight
-        return free > 0 and (inflight < self.concurrency or free >= (self.batch_size or 1))
+        free = self.held_at_most() - inflight
+        return free > 0 and (inflight < self.concurrency or free >= (self.batch() or 1))
 
     def claims(self, now: float, *, held: int, claiming: int) -> list[int]:
         """Lease mode: the sizes of the claims to send now (``held``: jobs the
@@ -121,8 +161,9 @@ class Pacer:
         # one the queue is about empty, and one probe will do.
         parallel = self.claimers if self.last_claim_full else 1
         reserved = self.reserved
+        capacity, batch = self.held_at_most(), self.batch()
         while may_claim and claiming + len(asks) < parallel and self.wants_claim(held + reserved):
-            ask = min(self.capacity - held - reserved, self.batch_size or (self.capacity - held))
+            ask = min(capacity - held - reserved, batch or (capacity - held))
             asks.append(ask)
             reserved += ask
             may_claim = self.found  # while idle, one probe at a time
