@@ -9,18 +9,20 @@ commits or rolls back with it exactly as before.
 
 It falls back to ``Connection.execute`` whenever skipping SQLAlchemy could
 be seen: a connection that is not psycopg 3's, a statement whose
-parameters or returned columns need a type's bind or result processor, an engine with ``echo`` or with
+returned columns need a type's result processor, an engine with ``echo`` or with
 listeners for ``before_cursor_execute``, ``after_cursor_execute`` or
 ``handle_error`` other than the worker's own (SQL logging, tracing, error translation see every
 statement, as they always did), a connection with a
-``schema_translate_map``. A driver error is raised as SQLAlchemy
+``schema_translate_map``. Parameters go through their types' bind
+processors, as SQLAlchemy sends them. A driver error is raised as SQLAlchemy
 would raise it (:class:`sqlalchemy.exc.DBAPIError` with the driver's
 error as ``orig``), and a disconnect invalidates the connection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -35,6 +37,15 @@ from sqlalchemy.sql.expression import Executable
 _OWN_LISTENERS = "sa_jobqueue.connections"
 
 
+@dataclass(frozen=True)
+class _Compiled:
+    """A statement compiled for one dialect and one set of parameter names."""
+
+    sql: str
+    values: dict[str, Any]  # what the statement binds itself (a ``values(status='done')``)
+    convert: dict[str, Callable[[Any], Any]]  # the types' bind processors, by parameter (a JSON column's)
+
+
 class DirectStatement:
     """One statement of the library, executed directly where nothing would notice."""
 
@@ -44,41 +55,42 @@ class DirectStatement:
         ``TypeDecorator``) sends it through SQLAlchemy."""
         self.statement = statement
         self.results = list(results)
-        # By dialect: its SQL and the values the statement binds itself (a
-        # ``values(status='done')``), or None when it needs SQLAlchemy.
-        self._sql: dict[Dialect, tuple[str, dict[str, Any]] | None] = {}
+        # By dialect and parameter names (an INSERT's columns are its
+        # parameters'); None when it needs SQLAlchemy.
+        self._compiled: dict[tuple[Dialect, tuple[str, ...]], _Compiled | None] = {}
 
     def rows(self, connection: Connection, params: Mapping[str, Any]) -> Sequence[Any]:
         """Execute on ``connection`` (in its current transaction) and return all rows, as tuples."""
         dbapi_connection = connection.connection.dbapi_connection
-        direct = self._direct_sql(connection) if isinstance(dbapi_connection, psycopg.Connection) else None
+        direct = self._direct(connection, params) if isinstance(dbapi_connection, psycopg.Connection) else None
         if direct is None:
             return connection.execute(self.statement, params).all()
         assert isinstance(dbapi_connection, psycopg.Connection)
-        sql, values = direct
-        if values:
-            params = {**values, **params}
+        sent = {**direct.values, **params} if direct.values else dict(params)
+        for name, convert in direct.convert.items():
+            sent[name] = convert(sent[name])
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute(sql, params)
+            cursor.execute(direct.sql, sent)
             return cursor.fetchall()
         except psycopg.Error as exc:
-            raise _wrapped(connection, sql, params, exc, cursor) from exc
+            raise _wrapped(connection, direct.sql, sent, exc, cursor) from exc
         finally:
             cursor.close()
 
-    def _direct_sql(self, connection: Connection) -> tuple[str, dict[str, Any]] | None:
+    def _direct(self, connection: Connection, params: Mapping[str, Any]) -> _Compiled | None:
         if connection.engine.echo or _observed(connection):
             return None
         if connection.get_execution_options().get("schema_translate_map"):
             return None  # the schema is chosen at execution
-        dialect = connection.dialect
+        key = connection.dialect, tuple(params)
         try:
-            return self._sql[dialect]
+            return self._compiled[key]
         except KeyError:
+            dialect = connection.dialect
             converts = any(_reads(kind, dialect) for kind in self.results)
-            sql = self._sql[dialect] = None if converts else _compile(self.statement, dialect)
-            return sql
+            compiled = self._compiled[key] = None if converts else _compile(self.statement, dialect, key[1])
+            return compiled
 
 
 def _observed(connection: Connection) -> bool:
@@ -92,22 +104,21 @@ def _observed(connection: Connection) -> bool:
     return any(getattr(handler, "__module__", None) != _OWN_LISTENERS for handler in handlers)
 
 
-def _compile(statement: Executable, dialect: Dialect) -> tuple[str, dict[str, Any]] | None:
-    """The SQL of ``statement`` for ``dialect`` and the values it binds itself;
-    None when a parameter's type converts its value in Python (the driver
-    would be sent the wrong value) or is rendered at execution (a list
-    expanded into ``IN``)."""
+def _compile(statement: Executable, dialect: Dialect, names: tuple[str, ...]) -> _Compiled | None:
+    """``statement`` compiled for ``dialect`` and parameters ``names``; None
+    when a parameter is rendered at execution (a list expanded into ``IN``)."""
     if dialect.paramstyle != "pyformat":
         return None
-    compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+    compiled = statement.compile(dialect=dialect, column_keys=list(names))  # type: ignore[attr-defined]
+    convert: dict[str, Callable[[Any], Any]] = {}
     for bind in compiled.binds.values():
         if bind.expanding or bind.literal_execute:
             return None
-        if bind.type.dialect_impl(dialect).bind_processor(dialect) is not None:
-            return None
-    required = {bind.key for bind in compiled.binds.values() if bind.required}  # the caller's parameters
-    values = {name: value for name, value in compiled.params.items() if name not in required}
-    return str(compiled.string), values
+        processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
+        if processor is not None:
+            convert[compiled.bind_names[bind]] = processor
+    values = {name: value for name, value in compiled.params.items() if name not in names}
+    return _Compiled(str(compiled.string), values, convert)
 
 
 def _reads(kind: Any, dialect: Dialect) -> bool:

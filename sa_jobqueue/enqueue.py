@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from . import bulk, statements
 from .copying import copy_connection
+from .direct import DirectStatement
 from .mixin import JobMixin
 from .snapshot import Snapshots
 
@@ -73,18 +74,24 @@ class Enqueuer(Generic[M]):
         returned = snapshots.columns
         self._insert = statements.insert_jobs(model, dedupe=False).returning(*returned, sort_by_parameter_order=True)
         self._insert_dedupe = statements.insert_jobs(model, dedupe=True).returning(*returned)
-        self._insert_one = statements.insert_jobs(model, dedupe=False).returning(*returned)
-        self._insert_one_notify = statements.insert_jobs(model, dedupe=False).returning(
+        # One job: sent through psycopg's cursor where nothing would notice (:mod:`sa_jobqueue.direct`).
+        types = [column.type for column in returned]
+        self._insert_one = DirectStatement(statements.insert_jobs(model, dedupe=False).returning(*returned),
+                                           results=types)
+        self._insert_one_notify = DirectStatement(statements.insert_jobs(model, dedupe=False).returning(
             *returned, statements.notify_column(model)
-        )
+        ), results=types)
         self._notify = statements.notify()
         self._sequence: str | None = None  # the id sequence, read at the first COPY
 
     def one(self, session: Session, row: dict[str, Any], *, notify: bool) -> M:
         """Insert one row without a dedupe key; with ``notify``, wake its queue."""
+        # The connection session.execute would pick for this table.
+        connection = session.connection(bind_arguments={"clause": self._insert_one.statement})
         if not (notify and runnable_now(row) and row["queue"] not in self.notified(session)):
-            return self.snapshots.one(session.execute(self._insert_one, row).one())
-        inserted = session.execute(self._insert_one_notify, row | {"sajq_channel": self.channel}).one()
+            [inserted] = self._insert_one.rows(connection, row)
+            return self.snapshots.one(inserted)
+        [inserted] = self._insert_one_notify.rows(connection, row | {"sajq_channel": self.channel})
         self._mark_notified(session, [row["queue"]])
         return self.snapshots.one(inserted)
 

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 from jobapp import Ledger, TaskJob, jobs, reports
-from sqlalchemy import Engine, create_engine, event, func, select, text
+from sqlalchemy import Engine, create_engine, event, func, insert, select, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 from waiting import wait_for
@@ -138,3 +138,17 @@ def test_a_lost_connection_invalidates_it(engine: Engine, sessions: sessionmaker
         jobs.complete(session, job)
         assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
 
+
+
+def test_parameters_go_through_their_types_as_sqlalchemy_sends_them(engine: Engine) -> None:
+    table = TaskJob.__table__
+    direct = DirectStatement(insert(table).returning(table.c.id, table.c.payload),  # type: ignore[attr-defined]
+                             results=[table.c.id.type, table.c.payload.type])  # type: ignore[attr-defined]
+    payload = {"é": [1, {"b": None}], "n": 2**40}
+    with engine.connect() as conn:
+        [row] = direct.rows(conn, {"task": "noop", "payload": payload})
+        assert type(row) is tuple and row[1] == payload  # the JSON type's processor wrote it
+        [other] = direct.rows(conn, {"task": "noop", "queue": "other", "payload": None})  # other columns
+        assert conn.execute(select(TaskJob.queue, TaskJob.payload).where(TaskJob.id == other[0])).one() == (
+            "other", None)
+        conn.rollback()
