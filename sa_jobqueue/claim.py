@@ -63,8 +63,7 @@ class Claimer(Generic[M]):
             claim = DirectStatement(statements.claim(self.model, *shape).returning(*returning),
                                     results=[column.type for column in returning])
             self._claims[shape] = claim
-        # The connection session.execute would pick for this statement.
-        connection = session.connection(bind_arguments={"clause": claim.statement})
+        connection = claim.connection(session)
         loads = json_loads(connection)
         params = {k: v for k, v in params.items() if k != "queues"} | dict(zip(statements.queue_keys(len(queues)),
                                                                                queues, strict=True))

@@ -29,6 +29,7 @@ import psycopg
 from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import Executable
 
 # The worker's own ``handle_error`` (connections.discard_fatal) lives there; it
@@ -58,6 +59,10 @@ class DirectStatement:
         # By dialect and parameter names (an INSERT's columns are its
         # parameters'); None when it needs SQLAlchemy.
         self._compiled: dict[tuple[Dialect, tuple[str, ...]], _Compiled | None] = {}
+
+    def connection(self, session: Session) -> Connection:
+        """The connection of ``session`` that ``session.execute`` would pick for this statement."""
+        return session.connection(bind_arguments={"clause": self.statement})
 
     def rows(self, connection: Connection, params: Mapping[str, Any]) -> Sequence[Any]:
         """Execute on ``connection`` (in its current transaction) and return all rows, as tuples."""

@@ -86,8 +86,7 @@ class Enqueuer(Generic[M]):
 
     def one(self, session: Session, row: dict[str, Any], *, notify: bool) -> M:
         """Insert one row without a dedupe key; with ``notify``, wake its queue."""
-        # The connection session.execute would pick for this table.
-        connection = session.connection(bind_arguments={"clause": self._insert_one.statement})
+        connection = self._insert_one.connection(session)
         if not (notify and runnable_now(row) and row["queue"] not in self.notified(session)):
             [inserted] = self._insert_one.rows(connection, row)
             return self.snapshots.one(inserted)

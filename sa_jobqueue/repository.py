@@ -193,9 +193,7 @@ class JobRepository(Generic[M]):
         check_session(session)
         check_claimed("job", job, self.model)
         params = {"job_id": job.id, "token": job.lock_token}
-        # The connection session.execute would pick for this statement.
-        connection = session.connection(bind_arguments={"clause": self._complete.statement})
-        if not self._complete.rows(connection, params):
+        if not self._complete.rows(self._complete.connection(session), params):
             raise JobLostError(job.id, "complete")
 
     def complete_many(self, session: Session, jobs: Sequence[M]) -> set[int]:
