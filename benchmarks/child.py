@@ -158,7 +158,12 @@ def run_sajq(args: argparse.Namespace) -> dict[str, Any]:
                 stamps.record(job.id)
             session.execute(add_ledger_row, {"job_id": job.id})
 
-    tasks.register(TASK, bench)
+    if args.path == "g":  # grouped commits: path b's handler, its jobs sharing transactions
+        if "group_commit" not in inspect.signature(tasks.register).parameters:
+            raise SystemExit("this sa_jobqueue has no grouped commits (group_commit)")
+        tasks.register(TASK, bench, group_commit=True)
+    else:
+        tasks.register(TASK, bench)
     params = inspect.signature(Worker).parameters
     options: dict[str, Any] = {
         "queues": [QUEUE], "concurrency": concurrency, "mode": "transaction" if args.path == "c" else "lease",
@@ -425,7 +430,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["sajq", "sajq-async", "textbook", "batch", "produce-sajq", "produce-raw"])
     parser.add_argument("dsn")
-    parser.add_argument("--path", choices=["a", "b", "c"], default="a")
+    parser.add_argument("--path", choices=["a", "b", "c", "g"], default="a")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--service", action="store_true", help="run until 'stop' instead of until empty")
     parser.add_argument("--listen", choices=["on", "off"], default=None)

@@ -49,6 +49,7 @@ class TaskRegistry:
         max_attempts: int | None = None,
         batch_complete: bool = True,
         timeout: timedelta | float | None = None,
+        group_commit: bool = False,
     ) -> Task:
         """Register ``handler`` for ``name``; a name can be registered once.
 
@@ -58,16 +59,21 @@ class TaskRegistry:
         and ``max_attempts``; a late return of the handler commits nothing.
         None (the default) uses the worker's ``job_timeout``.
 
+        ``group_commit``: the handler takes the job's session and only writes
+        to the database, so a lease-mode worker may run several of its jobs in
+        one transaction; when one fails, the others run again in
+        transactions of their own (docs/concepts.md, "Grouped commits").
+
         ``name`` is any non-blank string of at most 128 characters without NUL
         or lone surrogates (it is stored in the jobs' ``task`` column);
         ``batch_complete`` must be a bool. Raises :class:`InvalidArgumentError`
         naming the bad option.
         """
-        check_task(name, handler, retry, max_attempts, batch_complete, timeout)
+        check_task(name, handler, retry, max_attempts, batch_complete, timeout, group_commit)
         if name in self._tasks:
             raise InvalidArgumentError("name", f"task {name!r} is already registered")
         deadline = None if timeout is None else check_timeout("timeout", timeout)
-        task = Task(name, handler, takes_session(handler), retry, max_attempts, batch_complete, deadline)
+        task = Task(name, handler, takes_session(handler), retry, max_attempts, batch_complete, deadline, group_commit)
         self._tasks[name] = task
         return task
 
@@ -82,6 +88,7 @@ class TaskRegistry:
         max_attempts: int | None = ...,
         batch_complete: bool = ...,
         timeout: timedelta | float | None = ...,
+        group_commit: bool = ...,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -92,6 +99,7 @@ class TaskRegistry:
         max_attempts: int | None = None,
         batch_complete: bool = True,
         timeout: timedelta | float | None = None,
+        group_commit: bool = False,
     ) -> F | Callable[[F], F]:
         """Decorator form of :meth:`register`; the name defaults to the function's."""
         if callable(name):
@@ -101,7 +109,7 @@ class TaskRegistry:
         def decorate(handler: F) -> F:
             self.register(
                 handler.__name__ if name is None else name, handler, retry=retry, max_attempts=max_attempts,
-                batch_complete=batch_complete, timeout=timeout,
+                batch_complete=batch_complete, timeout=timeout, group_commit=group_commit,
             )
             return handler
 

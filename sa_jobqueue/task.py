@@ -30,7 +30,10 @@ class Task:
     20 applies when neither is). ``batch_complete``: a handler that takes no session has
     no writes to commit with its completion, so (in lease mode) its
     completion is buffered and written with others in one statement; False
-    gives each such job a completion transaction of its own."""
+    gives each such job a completion transaction of its own. ``group_commit``:
+    the handler takes the job's session and writes to the database only, so
+    (in lease mode) several of its jobs may run in one transaction, each
+    handler at most twice (see ``docs/concepts.md``, "Grouped commits")."""
 
     name: str
     handler: Handler
@@ -39,13 +42,19 @@ class Task:
     max_attempts: int | None = None
     batch_complete: bool = True
     timeout: timedelta | None = None
+    group_commit: bool = False
 
     #: Whether the handler is an ``async def`` (run by :class:`~sa_jobqueue.aio.AsyncWorker` only).
     is_async: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_task(self.name, self.handler, self.retry, self.max_attempts, self.batch_complete, self.timeout)
+        check_task(self.name, self.handler, self.retry, self.max_attempts, self.batch_complete, self.timeout,
+                   self.group_commit)
         check_bool("takes_session", self.takes_session)
+        if self.group_commit and not self.takes_session:
+            raise InvalidArgumentError(
+                "group_commit", "needs a handler that takes the job's session (job, session): a handler without "
+                "one has no writes to group, and its completions are batched already (batch_complete)")
         object.__setattr__(self, "is_async", is_async_handler(self.handler))  # frozen: set once, here
 
     @property
@@ -60,7 +69,7 @@ class Task:
 
 def check_task(
     name: object, handler: object, retry: object, max_attempts: object, batch_complete: object,
-    timeout: object = None,
+    timeout: object = None, group_commit: object = False,
 ) -> None:
     """The options of a task, each checked; raise naming the first bad one."""
     check_name("name", name)
@@ -73,6 +82,7 @@ def check_task(
     if max_attempts is not None:
         positive_int("max_attempts", max_attempts)
     check_bool("batch_complete", batch_complete)
+    check_bool("group_commit", group_commit)
 
 
 def is_async_handler(handler: object) -> bool:

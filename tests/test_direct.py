@@ -13,7 +13,7 @@ from jobapp import Ledger, TaskJob, jobs, reports
 from sqlalchemy import Engine, create_engine, event, func, insert, select, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
-from waiting import wait_for
+from waiting import backend_exists, wait_for
 
 from sa_jobqueue import JobLostError
 from sa_jobqueue.direct import DirectStatement
@@ -129,8 +129,9 @@ def test_a_lost_connection_invalidates_it(engine: Engine, sessions: sessionmaker
         pid = connection.scalar(select(func.pg_backend_pid()))
         with engine.connect() as killer:
             killer.execute(select(func.pg_terminate_backend(pid)))
-            wait_for(lambda: not killer.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
-                                               {"p": pid}), 30, "the backend gone")
+            killer.commit()
+        # A transaction of its own per look: pg_stat_activity is read once per transaction.
+        wait_for(lambda: not backend_exists(engine, pid), 30, "the backend gone")
         with pytest.raises(sa_exc.DBAPIError) as raised:
             jobs.complete(session, job)
         assert raised.value.connection_invalidated and connection.invalidated

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -272,6 +273,21 @@ def test_setup_mistakes(app: Flask) -> None:
     other = JobQueue(tasks=TaskRegistry())
     with pytest.raises(RuntimeError, match="not initialised"):
         other.worker(app)
+
+
+def test_the_app_context_tasks_keep_every_option_of_the_tasks(app: Flask) -> None:
+    """Regression: the wrapped tasks once dropped ``timeout`` (and so ran without a deadline)."""
+    tasks = TaskRegistry()
+    tasks.register("slow", lambda job, session: None, timeout=timedelta(seconds=3), max_attempts=2,
+                   batch_complete=False, group_commit=True)
+    other, other_db = Flask("options"), SQLAlchemy(model_class=Base)
+    other.config["SQLALCHEMY_DATABASE_URI"] = app.config["SQLALCHEMY_DATABASE_URI"]
+    other_db.init_app(other)
+    wrapped = JobQueue(tasks=tasks)
+    wrapped.init_app(other, other_db)
+    (task,) = list(wrapped.app_tasks(other))
+    assert (task.timeout, task.max_attempts, task.batch_complete, task.group_commit) == (
+        timedelta(seconds=3), 2, False, True)
 
 
 def test_core_never_imports_flask() -> None:

@@ -10,7 +10,7 @@ import pytest
 from jobapp import Ledger, TaskJob, jobs
 from sqlalchemy import Connection, Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
-from waiting import wait_for
+from waiting import backend_exists, wait_for
 
 from sa_jobqueue import JobSpec, TaskRegistry, Worker
 
@@ -107,8 +107,9 @@ def test_a_connection_a_job_made_unusable_is_replaced(
         if len(pids) == 1:  # the first job's connection is terminated under it
             with killer.connect() as conn:
                 conn.execute(select(func.pg_terminate_backend(pid)))
-                wait_for(lambda: not conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
-                                                  {"p": pid}), 30, "the job's backend gone")
+                conn.commit()
+            # A transaction of its own per look: pg_stat_activity is read once per transaction.
+            wait_for(lambda: not backend_exists(killer, pid), 30, "the job's backend gone")
             session.execute(text("SELECT 1"))  # fails: the connection is gone
         session.add(Ledger(job_id=job.id))
         session.flush()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from sqlalchemy import Engine, text
+
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, *, every: float = 0.02) -> None:
     """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
@@ -14,3 +16,10 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, *, every:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(every)
+
+
+def backend_exists(engine: Engine, pid: int) -> bool:
+    """Whether the server still has the backend ``pid``, read in a new
+    transaction (pg_stat_activity is a snapshot taken once per transaction)."""
+    with engine.connect() as conn:
+        return bool(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).scalar())

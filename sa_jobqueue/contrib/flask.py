@@ -179,7 +179,7 @@ class JobQueue:
         for task in self.tasks:
             wrapped.register(
                 task.name, _in_app_context(app, db, task), retry=task.retry, max_attempts=task.max_attempts,
-                batch_complete=task.batch_complete,
+                batch_complete=task.batch_complete, timeout=task.timeout, group_commit=task.group_commit,
             )
         for entry in self.tasks.periodic_tasks:
             wrapped.schedule(

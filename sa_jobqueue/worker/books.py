@@ -52,6 +52,9 @@ class Held:
     connecting_since: float | None = None  # monotonic, while its session waits for a connection
     gave_up: bool = False  # its session stalled connecting: handed back, its thread replaced
     finished: bool = False  # its slot thread is done with it
+    # A group's first job (grouped commits): the others of its group, handed
+    # back with it when the group's session stalls connecting.
+    followers: tuple[Held, ...] = ()
     # The asyncio worker: the task running its coroutine handler, while the
     # handler runs (cancelled at its deadline, on a cancel request, at stop).
     task: Any = None
@@ -84,6 +87,11 @@ class Books:
         with self._lock:
             self._held[job.lock_token] = held
         return held
+
+    def keep(self, held: Held) -> None:
+        """Hold ``held`` again (released for a finishing statement that rolled back)."""
+        with self._lock:
+            self._held[held.job.lock_token] = held
 
     def release(self, job: Any) -> Held | None:
         """Stop extending ``job``'s lease: its finishing statement follows."""

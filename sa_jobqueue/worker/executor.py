@@ -75,13 +75,13 @@ class JobExecutor:
             self.record(held, failure_of(job, None, None, ctx.tasks), None, 0.0)
             return
         if task.completes_in_batch:
-            self._start(held, task)
+            self.start(held, task)
             try:
                 refuse_awaitable(task(job, None))
             except BaseException as exc:  # SystemExit from a handler is a failure too
-                self._after_failure(held, task, exc)
+                self.after_failure(held, task, exc)
                 return
-            if not self._fenced_late(held):
+            if not self.fenced_late(held):
                 ctx.completer.add(repo, job, time.monotonic() - (held.started or 0.0))
             return
         held.thread = threading.get_ident()
@@ -93,7 +93,7 @@ class JobExecutor:
                 held.connecting_since = None
                 gave_up = held.gave_up
             if not gave_up:
-                self._hand_back_unstarted(held, exc)
+                self.hand_back_unstarted([held], exc)
             return
         with session:
             try:
@@ -119,13 +119,13 @@ class JobExecutor:
 
     def _attempt(self, held: Held, task: Any, session: Session, connection: Any, watch: ConnectionWatch) -> None:
         ctx, repo, job = self.ctx, held.repo, held.job
-        self._start(held, task)
+        self.start(held, task)
         try:
             refuse_awaitable(task(job, session))
             # The handler's pending writes go first, so that their errors
             # count as the handler's failure.
             session.flush()
-            if self._fenced_late(held):
+            if self.fenced_late(held):
                 session.rollback()
                 return
             ctx.books.release(job)
@@ -141,18 +141,19 @@ class JobExecutor:
             if is_fatal_to_connection(exc):
                 connection.invalidate()  # never hand this connection to the next job
             session.rollback()
-            self._after_failure(held, task, exc)
+            self.after_failure(held, task, exc)
             return
         ctx.books.count("completed")
         signals.send(signals.job_succeeded, ctx.sender, job=job, duration=time.monotonic() - (held.started or 0.0))
 
     # -- steps ---------------------------------------------------------------
 
-    def _start(self, held: Held, task: Any) -> None:
+    def start(self, held: Held, task: Any) -> None:
+        """The handler of ``held`` starts in this thread now."""
         held.thread = threading.get_ident()
         start_job(self.ctx, held, task)
 
-    def _fenced_late(self, held: Held) -> bool:
+    def fenced_late(self, held: Held) -> bool:
         """The handler returned: True when its outcome was already settled
         elsewhere (a deadline that passed), or a cancel was asked for (the
         job ends cancelled here). Either way nothing of it commits."""
@@ -165,8 +166,9 @@ class JobExecutor:
             return True
         return False
 
-    def _after_failure(self, held: Held, task: Any, exc: BaseException) -> None:
-        if self._fenced_late(held):
+    def after_failure(self, held: Held, task: Any, exc: BaseException) -> None:
+        """The handler of ``held`` raised ``exc``: record the failure, unless its outcome is settled already."""
+        if self.fenced_late(held):
             return
         log.info("worker %s: job %s (%s) failed: %r", self.ctx.name, held.job.id, held.job.task, exc)
         self.record(held, failure_of(held.job, task, exc), exc, time.monotonic() - (held.started or 0.0))
@@ -207,21 +209,22 @@ class JobExecutor:
         ctx.books.count("cancelled")
         signals.send(signals.job_cancelled, ctx.sender, job=held.job)
 
-    def _hand_back_unstarted(self, held: Held, exc: Exception) -> None:
-        ctx, job = self.ctx, held.job
+    def hand_back_unstarted(self, held: list[Held], exc: Exception) -> None:
+        """The session of ``held`` could not connect: hand them back, unstarted, and back off."""
+        ctx, ids = self.ctx, ", ".join(str(h.job.id) for h in held)
         if isinstance(exc, sa_exc.TimeoutError):
             pool = getattr(ctx.sessions.kw.get("bind"), "pool", None)
             log.error(
-                "worker %s: job %s could not get a connection: the jobs' pool is exhausted (%s); this worker's "
+                "worker %s: job(s) %s could not get a connection: the jobs' pool is exhausted (%s); this worker's "
                 "running jobs hold %s of them, so the others are held elsewhere (a handler that keeps a session "
-                "open leaks one per job). The job is handed back unstarted.",
-                ctx.name, job.id, pool.status() if pool is not None else "unknown pool",
+                "open leaks one per job). They are handed back unstarted.",
+                ctx.name, ids, pool.status() if pool is not None else "unknown pool",
                 max(ctx.sessions_open, ctx.job_sessions.held),
             )
         else:
-            log.error("worker %s: job %s could not connect (%r); it is handed back unstarted", ctx.name, job.id, exc)
+            log.error("worker %s: job(s) %s could not connect (%r); handed back unstarted", ctx.name, ids, exc)
         ctx.back_off()
-        hand_back(ctx, [held])
+        hand_back(ctx, held)
 
 
 def start_job(ctx: WorkerContext, held: Held, task: Any) -> None:

@@ -32,6 +32,7 @@ from .books import Held
 from .context import WorkerContext
 from .deadlines import check_stuck, grace, record_timeout
 from .executor import JobExecutor, hand_back
+from .group import GroupRunner, group_sizes
 from .heartbeat import heartbeat, request_cancel
 from .options import CLAIMERS
 from .slots import Slots
@@ -44,6 +45,7 @@ class LeaseMode:
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         self.executor = JobExecutor(ctx)
+        self.groups = GroupRunner(self.executor)
         self.slots = Slots(ctx.options.concurrency, name="sa_jobqueue", on_done=self._slot_done,
                            on_idle=ctx.job_sessions.release)
         self.claimers = Slots(CLAIMERS, name="sa_jobqueue-claim", on_done=lambda _: ctx.wake.set())
@@ -90,14 +92,33 @@ class LeaseMode:
                     jobs = repo.claim(session, queues=ctx.options.queues, limit=ask - got, worker=ctx.name,
                                       lease=ctx.options.lease)
                 got += len(jobs)  # committed: ours now
-                for job in jobs:
-                    self.slots.submit(self.executor.run, ctx.books.hold(repo, job))
+                self._submit(repo, jobs)
         except Exception:
             log.exception("worker %s: claim failed; retrying after a pause", ctx.name)
             ctx.back_off()
         finally:
             ctx.pacer.claim_ended(ask, got)
         return got > 0
+
+    def _submit(self, repo: object, jobs: list[object]) -> None:
+        """Queue claimed jobs for the slots: one call per job, but the jobs of
+        ``group_commit`` tasks in groups, one call and one transaction each."""
+        ctx, grouped = self.ctx, []
+        for job in jobs:
+            held = ctx.books.hold(repo, job)
+            task = ctx.tasks.get(job.task)  # type: ignore[attr-defined]
+            if task is not None and task.group_commit:
+                grouped.append(held)
+            else:
+                self.slots.submit(self.executor.run, held)
+        start = 0
+        for size in group_sizes(len(grouped), ctx.options.concurrency):
+            group = grouped[start:start + size]
+            start += size
+            if size == 1:
+                self.slots.submit(self.executor.run, group[0])
+            else:
+                self.slots.submit(self.groups.run, group, weight=size)
 
     # -- duties on held jobs ---------------------------------------------------
 
@@ -160,7 +181,7 @@ class LeaseMode:
         log.error("worker %s: job %s's session has waited %.0f s for a connection; its thread is replaced and the "
                   "job handed back unstarted", self.ctx.name, held.job.id,
                   (self.ctx.options.stall_timeout or timedelta(0)).total_seconds())
-        hand_back(self.ctx, [held])
+        hand_back(self.ctx, [held, *held.followers])
 
     def _time_out(self, held: Held) -> None:
         ctx, job = self.ctx, held.job
@@ -186,7 +207,8 @@ class LeaseMode:
     def stop_claiming(self, until: float) -> None:
         """Wait for the claims in flight, then hand back the jobs not started."""
         self.claimers.wait_idle(max(0.0, until - time.monotonic()))
-        unstarted = [args[0] for args in self.slots.take_unstarted()]
+        unstarted = [h for args in self.slots.take_unstarted()
+                     for h in (args[0] if isinstance(args[0], list) else [args[0]])]
         if unstarted:
             count = hand_back(self.ctx, unstarted)
             log.info("worker %s: handed back %s claimed job(s) not started: %s", self.ctx.name, count,

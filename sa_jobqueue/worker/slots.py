@@ -7,7 +7,8 @@ A worker hands each claimed job (lease mode) or each batch probe
 which matters when a claim brings a hundred no-op jobs at once.
 
 What the worker relies on: calls start in submission order, at most
-``size`` at a time; ``len(slots)`` counts calls submitted and not finished;
+``size`` at a time; ``len(slots)`` counts calls submitted and not finished,
+each by its ``weight`` (the jobs it runs: a group of jobs is one call);
 ``on_done(active)`` runs in the slot's thread after each call with the count
 left; ``on_idle()`` runs in a slot's thread when it finds no call waiting,
 before it waits for one, and when the thread ends (a slot gives back what
@@ -39,7 +40,7 @@ class Slots:
     def __init__(
         self, size: int, *, name: str, on_done: Callable[[int], None], on_idle: Callable[[], None] | None = None
     ) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[..., bool], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Callable[..., bool], tuple[Any, ...], int] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._on_done = on_done
         self._on_idle = on_idle
@@ -49,6 +50,7 @@ class Slots:
         self._idle = threading.Condition(self._lock)
         self._name = name
         self._abandoned: set[int] = set()
+        self._weights: dict[int, int] = {}  # by thread: the weight of the call it runs
         self.stuck = 0
         self._threads: list[threading.Thread] = []
         for _ in range(size):
@@ -63,10 +65,10 @@ class Slots:
         with self._lock:
             return self._active
 
-    def submit(self, call: Callable[..., bool], *args: Any) -> None:
+    def submit(self, call: Callable[..., bool], *args: Any, weight: int = 1) -> None:
         with self._lock:
-            self._active += 1
-        self._queue.put((call, args))
+            self._active += weight
+        self._queue.put((call, args, weight))
 
     def take_results(self) -> tuple[int, int, int]:
         """How many finished calls found work and how many found none since the
@@ -79,6 +81,7 @@ class Slots:
     def take_unstarted(self) -> list[tuple[Any, ...]]:
         """Remove the calls no thread has started; return their arguments, in order."""
         taken: list[tuple[Any, ...]] = []
+        weight = 0
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -88,8 +91,9 @@ class Slots:
                 self._queue.put(item)
                 break
             taken.append(item[1])
+            weight += item[2]
         with self._lock:
-            self._active -= len(taken)
+            self._active -= weight
             self._idle.notify_all()
         return taken
 
@@ -104,7 +108,7 @@ class Slots:
                 return False
             self._abandoned.add(ident)
             self.stuck += stuck
-            self._active -= 1
+            self._active -= self._weights.pop(ident, 1)
             self._idle.notify_all()
             self._spawn()
         return True
@@ -148,16 +152,20 @@ class Slots:
                 item = self._queue.get()
             if item is _STOP:
                 return
-            call, args = item
+            call, args, weight = item
+            ident = threading.get_ident()
+            if weight != 1:
+                with self._lock:
+                    self._weights[ident] = weight
             try:
                 found = bool(call(*args))
             except BaseException:  # a database error outside a handler: log, keep the thread
                 log.exception("job slot failed")
                 found = False
             with self._lock:
-                if threading.get_ident() in self._abandoned:
+                if ident in self._abandoned:
                     return  # counted as finished when it was given up on; a new thread serves
-                self._active -= 1
+                self._active -= self._weights.pop(ident, 1) if weight != 1 else 1
                 active = self._active
                 if found:
                     self._ran += 1
