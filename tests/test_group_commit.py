@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 from uuid import uuid4
 
@@ -51,6 +52,22 @@ def _grouped_ledger_task(tasks: TaskRegistry, runs: Counter[int], fail: set[int]
         if fail and job.id in fail:
             raise RuntimeError(f"job {job.id} fails")
         session.add(Ledger(job_id=job.id, note=str(session.scalar(text("SELECT txid_current()")))))
+
+
+def _grouped_task_meddling_once(
+    tasks: TaskRegistry, runs: Counter[int], sessions: sessionmaker[Session], target: int,
+    meddle: Callable[[TaskJob, Session], None],
+) -> None:
+    """``write``: a ledger row per job; the first run of job ``target`` first
+    calls ``meddle`` with a transaction of another session, committed after."""
+
+    @tasks.task(group_commit=True)
+    def write(job: TaskJob, session: Session) -> None:
+        runs[job.id] += 1
+        if job.id == target and runs[job.id] == 1:
+            with sessions.begin() as other:
+                meddle(job, other)
+        session.add(Ledger(job_id=job.id, note="job"))
 
 
 def test_grouped_jobs_share_transactions_and_commit_once(engine: Engine, sessions: sessionmaker[Session]) -> None:
@@ -149,15 +166,13 @@ def test_a_cancel_asked_for_in_a_group_ends_that_job_cancelled_and_the_others_co
     ids = _enqueue(sessions, "write", 6)
     victim = ids[1]
 
-    @tasks.task(group_commit=True)
-    def write(job: TaskJob, session: Session) -> None:
-        runs[job.id] += 1
-        if job.id == victim and runs[job.id] == 1:
-            with sessions.begin() as other:
-                assert jobs.cancel(other, job.id)
-            # The worker tells the job through NOTIFY (or its next heartbeat).
-            wait_for(lambda: job.cancel_requested_at is not None, 30, "the cancel to reach the running job")
-        session.add(Ledger(job_id=job.id, note="job"))
+    def cancel(job: TaskJob, other: Session) -> None:
+        assert jobs.cancel(other, job.id)
+        other.commit()
+        # The worker tells the job through NOTIFY (or its next heartbeat).
+        wait_for(lambda: job.cancel_requested_at is not None, 30, "the cancel to reach the running job")
+
+    _grouped_task_meddling_once(tasks, runs, sessions, victim, cancel)
 
     result = _worker(engine, tasks, concurrency=1, batch_size=6, listen=True,
                      heartbeat_interval=timedelta(seconds=0.5)).run(until_empty=True)
@@ -173,13 +188,10 @@ def test_a_lost_lease_in_a_group_loses_that_job_only(engine: Engine, sessions: s
     ids = _enqueue(sessions, "write", 6)
     stolen = ids[4]
 
-    @tasks.task(group_commit=True)
-    def write(job: TaskJob, session: Session) -> None:
-        runs[job.id] += 1
-        if job.id == stolen and runs[job.id] == 1:
-            with sessions.begin() as other:  # as a reap and a new claim by another worker would
-                other.execute(update(TaskJob).where(TaskJob.id == job.id).values(lock_token=uuid4(), locked_by="other"))
-        session.add(Ledger(job_id=job.id, note="job"))
+    def steal(job: TaskJob, other: Session) -> None:  # as a reap and a new claim by another worker would
+        other.execute(update(TaskJob).where(TaskJob.id == job.id).values(lock_token=uuid4(), locked_by="other"))
+
+    _grouped_task_meddling_once(tasks, runs, sessions, stolen, steal)
 
     result = _worker(engine, tasks, concurrency=1, batch_size=6).run(until_empty=True)
     assert (result.completed, result.lost) == (5, 1)
