@@ -3,7 +3,8 @@
 Started by ``run.py``, one process per measurement, so that the CPU time and
 peak RSS each reports are its own::
 
-    python benchmarks/child.py sajq     DSN --path a|b|c --concurrency C [--service] [--rss-at N,...] [--sleep S]
+    python benchmarks/child.py sajq     DSN --path a|b|c|g --concurrency C [--service] [--rss-at N,...] [--sleep S]
+                                        [--record] [--pooler]
     python benchmarks/child.py sajq-async DSN --path a|b|c --driver psycopg|asyncpg --concurrency C [--sleep S]
     python benchmarks/child.py textbook DSN --concurrency C
     python benchmarks/child.py batch    DSN --concurrency C [--service]
@@ -135,10 +136,15 @@ def run_sajq(args: argparse.Namespace) -> dict[str, Any]:
     concurrency = args.concurrency
     # Room for the worker's own connections (C + 1, plus a listener when it
     # has one) without ever waiting on the pool.
-    engine = create_engine(sqlalchemy_url(args.dsn), pool_size=concurrency + 2, max_overflow=8)
+    # Behind a pooler in transaction mode without prepared statement support
+    # (PgBouncer before 1.21), psycopg must not prepare statements.
+    connect_args = {"prepare_threshold": None} if args.pooler else {}
+    engine = create_engine(
+        sqlalchemy_url(args.dsn), pool_size=concurrency + 2, max_overflow=8, connect_args=connect_args,
+    )
     repo = JobRepository(Job)
     tasks = TaskRegistry()
-    stamps = Stamps(args.service, [int(n) for n in args.rss_at.split(",") if n])
+    stamps = Stamps(args.service or args.record, [int(n) for n in args.rss_at.split(",") if n])
     ledger = Table(LEDGER, MetaData(), Column("job_id", BigInteger, primary_key=True))
     add_ledger_row = insert(ledger)
 
@@ -439,6 +445,8 @@ def main() -> None:
     parser.add_argument("--driver", choices=["psycopg", "asyncpg"], default="psycopg", help="sajq-async's driver")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds each handler waits (I/O-bound jobs)")
     parser.add_argument("--rss-at", default="", help="job counts at which to sample VmHWM")
+    parser.add_argument("--record", action="store_true", help="sajq: report every handler run (id, time)")
+    parser.add_argument("--pooler", action="store_true", help="sajq: through PgBouncer < 1.21 (no prepared statements)")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--gap", type=float, default=0.02)
     args = parser.parse_args()
