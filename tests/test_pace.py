@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sa_jobqueue.worker.pace import AHEAD, SHORT_JOB, Pacer
+from sa_jobqueue.worker.pace import AHEAD, CLAIMS_PER_JOB, SHORT_JOB, Pacer
 
 
 def _fixed(value: float) -> Iterator[float]:
@@ -196,6 +196,28 @@ def test_without_a_batch_size_short_jobs_are_claimed_ahead_and_long_ones_never()
     assert p.mean_run is not None and p.mean_run > SHORT_JOB
     assert p.batch() is None and p.claims(0.0, held=4, claiming=0) == []
     assert p.claims(0.0, held=3, claiming=0) == [1]  # one thread free: one job
+
+
+def test_jobs_slowed_as_much_as_the_claims_are_still_claimed_ahead() -> None:
+    # A loaded machine (more worker processes than cores): 33 ms per job and
+    # 17 ms per claim, as measured with 8 processes on 2 cores. Claiming for the
+    # free threads only made a claim per job or two, which loaded the machine more.
+    p = pacer()
+    for _ in range(30):
+        p.job_ran(0.033)
+        p.claim_ended(0, 0, 0.017)
+    assert p.mean_run is not None and p.mean_run > SHORT_JOB
+    assert p.batch() == AHEAD
+    assert p.claims(0.0, held=4, claiming=0) == [AHEAD, AHEAD]
+
+
+def test_jobs_much_longer_than_a_claim_are_not_claimed_ahead() -> None:
+    p = pacer()
+    for _ in range(30):
+        p.job_ran(0.033)
+        p.claim_ended(0, 0, 0.033 / CLAIMS_PER_JOB / 2)
+        p.claim_ended(0, 0, None)  # a failed claim is not timed
+    assert p.batch() is None and p.claims(0.0, held=3, claiming=0) == [1]
 
 
 def test_the_claim_ahead_follows_a_given_batch_size_or_the_concurrency() -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -85,20 +86,24 @@ class AsyncLeaseMode:
         self.wake()
 
     async def _claim_into(self, ask: int) -> bool:
-        ctx, got = self.ctx, 0
+        ctx, got, took = self.ctx, 0, 0.0
+        seconds: float | None = None  # the claims' time, for the pacer's sense of a short job
         try:
             for repo in ctx.rotation():
                 if got >= ask:
                     break
+                start = time.monotonic()
                 jobs = await in_greenlet(self._claim, repo, ask - got)
+                took += time.monotonic() - start
                 got += len(jobs)  # committed: ours now
                 for job in jobs:
                     self.slots.submit(ctx.books.hold(repo, job))
+            seconds = took
         except Exception:
             log.exception("worker %s: claim failed; retrying after a pause", ctx.name)
             ctx.back_off()
         finally:
-            ctx.pacer.claim_ended(ask, got)
+            ctx.pacer.claim_ended(ask, got, seconds)
             if got:
                 self._hits += 1
             else:

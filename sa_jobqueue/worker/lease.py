@@ -83,21 +83,25 @@ class LeaseMode:
 
     def _claim_into(self, ask: int) -> bool:
         """A claimer thread: claim up to ``ask`` jobs and queue them for the slots."""
-        ctx, got = self.ctx, 0
+        ctx, got, took = self.ctx, 0, 0.0
+        seconds: float | None = None  # the claims' time, for the pacer's sense of a short job
         try:
             for repo in ctx.rotation():
                 if got >= ask:
                     break
+                start = time.monotonic()
                 with ctx.control() as session:
                     jobs = repo.claim(session, queues=ctx.options.queues, limit=ask - got, worker=ctx.name,
                                       lease=ctx.options.lease)
+                took += time.monotonic() - start
                 got += len(jobs)  # committed: ours now
                 self._submit(repo, jobs)
+            seconds = took
         except Exception:
             log.exception("worker %s: claim failed; retrying after a pause", ctx.name)
             ctx.back_off()
         finally:
-            ctx.pacer.claim_ended(ask, got)
+            ctx.pacer.claim_ended(ask, got, seconds)
         return got > 0
 
     def _submit(self, repo: object, jobs: list[object]) -> None:

@@ -23,8 +23,12 @@ The rules, shared by both modes:
   at most :data:`SHORT_JOB`), it claims ahead, :data:`AHEAD` jobs at a time
   (more with more threads), as with that ``batch_size``: each claim is a
   round trip and a commit, which a job of a few milliseconds must not pay
-  alone. Long jobs are never claimed ahead, so they do not wait behind each
-  other in one worker while another has idle threads.
+  alone. A job is short too while it runs no longer than
+  :data:`CLAIMS_PER_JOB` claims take (their running mean): on a loaded
+  machine every job and every claim takes longer, and a claim per job would
+  add the most work where there is least room for it. Long jobs are never
+  claimed ahead, so they do not wait behind each other in one worker while
+  another has idle threads.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ Jitter = Callable[[float, float], float]
 
 #: A job this short or shorter (seconds, running mean) is claimed ahead in lease mode.
 SHORT_JOB = 0.01
+#: A job that runs no longer than this many claims take (running means) is short too:
+#: claiming it alone would spend a quarter of its time or more on claims.
+CLAIMS_PER_JOB = 4
 #: The claim-ahead batch of short jobs, when no ``batch_size`` is given (or the concurrency, if larger).
 AHEAD = 32
 # The weight of the latest job in the running mean of job durations.
@@ -64,6 +71,7 @@ class Pacer:
     # would wait a whole poll interval.
     woken: bool = False
     mean_run: float | None = None  # running mean of the jobs' durations (lease mode), None before the first
+    mean_claim: float | None = None  # running mean of the claims' durations (lease mode), None before the first
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     # -- what happened -------------------------------------------------------
@@ -108,8 +116,7 @@ class Pacer:
     def job_ran(self, seconds: float) -> None:
         """A job's handler ran for ``seconds``; called from the slot's thread."""
         with self._lock:
-            mean = self.mean_run
-            self.mean_run = seconds if mean is None else mean + _MEAN_WEIGHT * (seconds - mean)
+            self.mean_run = _next_mean(self.mean_run, seconds)
 
     def batch(self) -> int | None:
         """The size of a claim ahead: the ``batch_size``, else :data:`AHEAD` (at
@@ -117,8 +124,10 @@ class Pacer:
         free threads only)."""
         if self.batch_size:
             return self.batch_size
-        mean = self.mean_run
-        if self.claimers and mean is not None and mean <= SHORT_JOB:
+        mean, claim = self.mean_run, self.mean_claim
+        if self.claimers and mean is not None and (
+            mean <= SHORT_JOB or (claim is not None and mean <= CLAIMS_PER_JOB * claim)
+        ):
             return max(AHEAD, self.concurrency)
         return None
 
@@ -134,11 +143,14 @@ class Pacer:
         with self._lock:
             self.reserved += ask
 
-    def claim_ended(self, asked: int, got: int) -> None:
-        """Called from the claiming thread once the claimed jobs are handed to the slots."""
+    def claim_ended(self, asked: int, got: int, seconds: float | None = None) -> None:
+        """Called from the claiming thread once the claimed jobs are handed to
+        the slots; ``seconds``: how long the claim took (None when it failed)."""
         with self._lock:
             self.reserved -= asked
             self.last_claim_full = got == asked
+            if seconds is not None:
+                self.mean_claim = _next_mean(self.mean_claim, seconds)
 
     # -- what to do ----------------------------------------------------------
 
@@ -203,3 +215,8 @@ class Pacer:
             return self.poll_interval * self.jitter(0.8, 1.0)
         base = min(self.poll_interval, max(0.05, previous * 2))
         return base * self.jitter(0.75, 1.25)
+
+
+def _next_mean(mean: float | None, sample: float) -> float:
+    """The running mean after ``sample`` (exponentially weighted; the first sample starts it)."""
+    return sample if mean is None else mean + _MEAN_WEIGHT * (sample - mean)
