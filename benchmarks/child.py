@@ -3,7 +3,7 @@
 Started by ``run.py``, one process per measurement, so that the CPU time and
 peak RSS each reports are its own::
 
-    python benchmarks/child.py sajq     DSN --path a|b|c|g --concurrency C [--service] [--rss-at N,...] [--sleep S]
+    python benchmarks/child.py sajq     DSN --path a|b|c|g|t --concurrency C [--service] [--rss-at N,...] [--sleep S]
                                         [--record] [--pooler]
     python benchmarks/child.py sajq-async DSN --path a|b|c --driver psycopg|asyncpg --concurrency C [--sleep S]
     python benchmarks/child.py textbook DSN --concurrency C
@@ -22,7 +22,9 @@ Execution paths of the sa_jobqueue worker:
 
 * ``a``: lease mode, a handler without a session (batched completion);
 * ``b``: lease mode, a handler that writes one ledger row in the job's session;
-* ``c``: transaction mode, the same ledger handler.
+* ``c``: transaction mode, the same ledger handler;
+* ``g``: path b's handler registered with ``group_commit=True`` (lease mode);
+* ``t``: the same in transaction mode (a SAVEPOINT per group, not per job).
 
 ``sajq-async`` runs the asyncio worker (``AsyncWorker``) on paths a and b
 with ``async def`` handlers; ``--sleep S`` makes each handler wait S seconds
@@ -164,7 +166,7 @@ def run_sajq(args: argparse.Namespace) -> dict[str, Any]:
                 stamps.record(job.id)
             session.execute(add_ledger_row, {"job_id": job.id})
 
-    if args.path == "g":  # grouped commits: path b's handler, its jobs sharing transactions
+    if args.path in ("g", "t"):  # grouped commits: path b's handler, its jobs sharing transactions (savepoints: t)
         if "group_commit" not in inspect.signature(tasks.register).parameters:
             raise SystemExit("this sa_jobqueue has no grouped commits (group_commit)")
         tasks.register(TASK, bench, group_commit=True)
@@ -172,7 +174,7 @@ def run_sajq(args: argparse.Namespace) -> dict[str, Any]:
         tasks.register(TASK, bench)
     params = inspect.signature(Worker).parameters
     options: dict[str, Any] = {
-        "queues": [QUEUE], "concurrency": concurrency, "mode": "transaction" if args.path == "c" else "lease",
+        "queues": [QUEUE], "concurrency": concurrency, "mode": "transaction" if args.path in ("c", "t") else "lease",
         "poll_interval": args.poll,
     }
     if "listen" in params and args.listen is not None:
@@ -436,7 +438,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["sajq", "sajq-async", "textbook", "batch", "produce-sajq", "produce-raw"])
     parser.add_argument("dsn")
-    parser.add_argument("--path", choices=["a", "b", "c", "g"], default="a")
+    parser.add_argument("--path", choices=["a", "b", "c", "g", "t"], default="a")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--service", action="store_true", help="run until 'stop' instead of until empty")
     parser.add_argument("--listen", choices=["on", "off"], default=None)

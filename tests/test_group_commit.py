@@ -1,5 +1,6 @@
 """Grouped commits (sa_jobqueue/worker/group.py): the jobs of ``group_commit``
-tasks share transactions in lease mode, and each job's writes still commit
+tasks share transactions in lease mode, and a SAVEPOINT per group in
+transaction mode (worker/transaction.py); each job's writes still commit
 exactly once with its completion, whatever fails in its group."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from uuid import uuid4
 
 import pytest
 from jobapp import Ledger, TaskJob, jobs
-from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy import Engine, event, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 from waiting import wait_for
 
@@ -113,8 +114,9 @@ def test_a_failing_handler_is_recorded_alone_and_the_others_commit_once(
     assert all(runs[i] == 1 for i in bad)  # the one to blame is not run again
 
 
+@pytest.mark.parametrize("mode", ["lease", "transaction"])
 def test_a_flush_failure_rolls_the_group_back_and_each_job_runs_alone(
-    engine: Engine, sessions: sessionmaker[Session]
+    engine: Engine, sessions: sessionmaker[Session], mode: str
 ) -> None:
     """A write that fails only at the group's flush has no handler to blame
     yet: every job runs again alone, where the culprit's own flush fails."""
@@ -128,7 +130,7 @@ def test_a_flush_failure_rolls_the_group_back_and_each_job_runs_alone(
         runs[job.id] += 1
         session.add(Ledger(job_id=job.id, note="job"))
 
-    result = _worker(engine, tasks).run(until_empty=True)
+    result = _worker(engine, tasks, mode=mode).run(until_empty=True)
     assert (result.completed, result.dead) == (COUNT - 1, 1)
     ledger = _ledger(sessions)
     assert sorted(ledger) == ids and ledger[ids[3]] == "taken"
@@ -136,8 +138,9 @@ def test_a_flush_failure_rolls_the_group_back_and_each_job_runs_alone(
     assert max(runs.values()) == 2 and runs[ids[3]] == 2
 
 
+@pytest.mark.parametrize("mode", ["lease", "transaction"])
 def test_a_deadline_in_a_group_settles_that_job_and_reruns_the_others(
-    engine: Engine, sessions: sessionmaker[Session]
+    engine: Engine, sessions: sessionmaker[Session], mode: str
 ) -> None:
     """The deadline cancels the group's statement on the server, in whichever
     handler it runs: nobody else is blamed, the others commit once."""
@@ -152,7 +155,7 @@ def test_a_deadline_in_a_group_settles_that_job_and_reruns_the_others(
             session.execute(text("SELECT pg_sleep(60)"))
         session.add(Ledger(job_id=job.id, note="job"))
 
-    result = _worker(engine, tasks, concurrency=1, batch_size=6).run(until_empty=True)
+    result = _worker(engine, tasks, concurrency=1, batch_size=6, mode=mode).run(until_empty=True)
     assert (result.completed, result.dead) == (5, 1)
     assert sorted(_ledger(sessions)) == sorted(set(ids) - {slow})
     assert _status(sessions, slow) == "dead"
@@ -198,6 +201,58 @@ def test_a_lost_lease_in_a_group_loses_that_job_only(engine: Engine, sessions: s
     assert sorted(_ledger(sessions)) == sorted(set(ids) - {stolen})
     assert runs[stolen] == 1
     assert _status(sessions, stolen) == "running"  # the other worker's now
+
+
+# -- transaction mode: a SAVEPOINT per group instead of one per job ---------------------
+
+
+def _savepoints(engine: Engine, run: Callable[[], object]) -> list[str]:
+    """The SAVEPOINT statements the engine's connections sent during ``run()``."""
+    sent: list[str] = []
+
+    def look(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        if statement.startswith("SAVEPOINT"):
+            sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", look)
+    try:
+        run()
+    finally:
+        event.remove(engine, "before_cursor_execute", look)
+    return sent
+
+
+def test_in_transaction_mode_consecutive_grouped_jobs_share_one_savepoint(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    tasks, runs = TaskRegistry(), Counter[int]()
+    _grouped_ledger_task(tasks, runs)
+
+    @tasks.task
+    def alone(job: TaskJob, session: Session) -> None:
+        session.add(Ledger(job_id=job.id, note="alone"))
+
+    ids = _enqueue(sessions, "write", 10) + _enqueue(sessions, "alone", 1) + _enqueue(sessions, "write", 9)
+    worker = _worker(engine, tasks, concurrency=1, mode="transaction")
+    sent = _savepoints(engine, lambda: worker.run(until_empty=True))
+    assert len(sent) == 3  # the ten, the one alone, the nine: the batch of 20 in claim order
+    assert sorted(_ledger(sessions)) == ids
+    assert set(runs.values()) == {1}
+
+
+def test_in_transaction_mode_a_failing_grouped_handler_is_recorded_alone(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    tasks, runs = TaskRegistry(), Counter[int]()
+    ids = _enqueue(sessions, "write")
+    bad = {ids[5], ids[15]}
+    _grouped_ledger_task(tasks, runs, fail=bad)
+    result = _worker(engine, tasks, concurrency=1, mode="transaction").run(until_empty=True)
+    assert (result.completed, result.dead) == (COUNT - 2, 2)
+    assert sorted(_ledger(sessions)) == sorted(set(ids) - bad)
+    assert all(_status(sessions, i) == "dead" for i in bad)
+    assert all(runs[i] == 1 for i in bad) and max(runs.values()) <= 2
+    assert all(runs[i] == 2 for i in ids[:5])  # ran in the group, rolled back with it, then alone
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, None])

@@ -4,7 +4,8 @@ Each slot claims a batch in a transaction that holds the row locks, runs
 each job in its own SAVEPOINT (a failure rolls back only its job, and is
 recorded in a SAVEPOINT of its own, so that even a failure that cannot be
 recorded as asked leaves the batch usable), completes the succeeded jobs
-in one statement and commits once. A crash rolls everything back: the rows
+in one statement and commits once. Consecutive jobs of ``group_commit``
+tasks share one SAVEPOINT instead (see :meth:`TransactionMode._run_group`). A crash rolls everything back: the rows
 are simply pending again.
 
 At a graceful stop, a batch runs no further job: the jobs it claimed but
@@ -39,6 +40,7 @@ from .books import Held
 from .context import READ_COMMITTED, WorkerContext
 from .deadlines import check_stuck, grace
 from .failures import failure_of, record_failure, refuse_awaitable, timeout_failure
+from .group import GROUP_MOST
 from .slots import Slots
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -190,16 +192,87 @@ class TransactionMode:
         else:
             return None
         batch = BatchReport()
+        group: list[Any] = []  # consecutive jobs of group_commit tasks, run under one SAVEPOINT
         for job in jobs:
-            if ctx.stopping.is_set():
-                batch.unstarted.append(job)
+            task = ctx.tasks.get(job.task)
+            if task is not None and task.group_commit:
+                if len(group) == GROUP_MOST:
+                    self._run_group(session, repo, group, pid, batch)
+                    group = []
+                group.append(job)
                 continue
-            started = time.monotonic()
-            with job_context(job):
-                outcome, error = self._run_in_savepoint(session, repo, job, pid)
-            batch.ran(job, outcome, error, time.monotonic() - started)
+            if group:
+                self._run_group(session, repo, group, pid, batch)
+                group = []
+            self._run_one(session, repo, job, pid, batch)
+        if group:
+            self._run_group(session, repo, group, pid, batch)
         batch.finish(session, repo)
         return batch
+
+    def _run_one(self, session: Session, repo: Any, job: Any, pid: int | None, batch: BatchReport) -> None:
+        """Run one job of the batch in a SAVEPOINT of its own (unless stopping) and report it."""
+        if self.ctx.stopping.is_set():
+            batch.unstarted.append(job)
+            return
+        started = time.monotonic()
+        with job_context(job):
+            outcome, error = self._run_in_savepoint(session, repo, job, pid)
+        batch.ran(job, outcome, error, time.monotonic() - started)
+
+    def _run_group(self, session: Session, repo: Any, group: list[Any], pid: int | None, batch: BatchReport) -> None:
+        """Run ``group`` (jobs of group_commit tasks) under one SAVEPOINT instead of one each.
+
+        When a handler fails or passes its deadline, the SAVEPOINT is rolled
+        back: that job's failure is recorded alone, and every other job of the
+        group runs again (or for the first time) in a SAVEPOINT of its own. A
+        failure at the group's flush blames nobody: each job runs again alone.
+        """
+        ctx = self.ctx
+        savepoint = session.begin_nested()
+        ran: list[tuple[Any, float]] = []
+        culprit: tuple[Any, Any, Held | None, BaseException | None, float] | None = None
+        for job in group:
+            if ctx.stopping.is_set():
+                break
+            task = ctx.tasks.get(job.task)
+            assert task is not None  # a group holds jobs of known group_commit tasks only
+            signals.send(signals.job_started, ctx.sender, job=job)
+            timeout = task.timeout or ctx.options.job_timeout
+            held = None if timeout is None else self._start(repo, job, pid, timeout.total_seconds())
+            started, error = time.monotonic(), None
+            try:
+                with job_context(job):
+                    refuse_awaitable(task(job, session))
+            except BaseException as exc:  # SystemExit from a handler is a failure too
+                error = exc
+            finally:
+                self._finished(held)
+            if error is not None or (held is not None and held.timed_out):
+                culprit = (job, task, held, error, time.monotonic() - started)
+                break
+            ran.append((job, time.monotonic() - started))
+        rest = group[len(ran) + (culprit is not None):]
+        if culprit is None:
+            try:
+                savepoint.commit()  # flushes the group's writes
+            except Exception as exc:
+                savepoint.rollback()
+                log.info("worker %s: the writes of a group of %s job(s) failed at its flush (%r); each runs "
+                         "again alone", ctx.name, len(ran), exc)
+                rest = [job for job, _ in ran] + rest
+            else:
+                for job, duration in ran:
+                    batch.ran(job, None, None, duration)
+        else:
+            savepoint.rollback()
+            job, task, held, error, duration = culprit
+            with job_context(job):
+                outcome = self._record(session, repo, job, task, held, error)
+            batch.ran(job, outcome, error, duration)
+            rest = [job for job, _ in ran] + rest
+        for job in rest:
+            self._run_one(session, repo, job, pid, batch)
 
     def _run_in_savepoint(
         self, session: Session, repo: Any, job: Any, pid: int | None
@@ -219,15 +292,20 @@ class TransactionMode:
         try:
             return self._attempt(session, repo, job, task, held)
         finally:
-            with held.lock:  # before the connection runs the batch's next statement
-                held.finished = True
-            with self._lock:
-                self._running.pop(threading.get_ident(), None)
+            self._finished(held)
+
+    def _finished(self, held: Held | None) -> None:
+        """The job's handler returned: its deadline no longer applies."""
+        if held is None:
+            return
+        with held.lock:  # before the connection runs the batch's next statement
+            held.finished = True
+        with self._lock:
+            self._running.pop(threading.get_ident(), None)
 
     def _attempt(
         self, session: Session, repo: Any, job: Any, task: Any, held: Held | None
     ) -> tuple[str | None, BaseException | None]:
-        ctx = self.ctx
         savepoint = session.begin_nested()
         error: BaseException | None = None
         try:
@@ -238,14 +316,23 @@ class TransactionMode:
         except BaseException as exc:  # SystemExit from a handler is a failure too
             error = exc
         savepoint.rollback()
-        if held is not None and held.timed_out:  # whatever it returned or raised: nothing of it commits
+        return self._record(session, repo, job, task, held, error), error
+
+    def _record(
+        self, session: Session, repo: Any, job: Any, task: Any, held: Held | None, error: BaseException | None
+    ) -> str:
+        """Record the failure of ``job``, whose writes were rolled back: its
+        timeout when it passed its deadline (whatever it returned or raised),
+        else ``error``; return its new status."""
+        ctx = self.ctx
+        if held is not None and held.timed_out:
             assert held.deadline is not None and held.started is not None
             seconds = held.deadline - held.started
             log.error("worker %s: job %s (%s) timed out after %g s", ctx.name, job.id, job.task, seconds)
-            return record_failure(session, repo, job, timeout_failure(task, seconds), savepoint=True), error
+            return record_failure(session, repo, job, timeout_failure(task, seconds), savepoint=True)
         assert error is not None
         log.info("worker %s: job %s (%s) failed: %r", ctx.name, job.id, job.task, error)
-        return record_failure(session, repo, job, failure_of(job, task, error), savepoint=True), error
+        return record_failure(session, repo, job, failure_of(job, task, error), savepoint=True)
 
     def _start(self, repo: Any, job: Any, pid: int | None, seconds: float) -> Held:
         now = time.monotonic()
