@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from waiting import wait_for
 
 from sa_jobqueue import InvalidArgumentError, JobSpec, TaskRegistry, Worker
-from sa_jobqueue.worker.group import group_sizes
+from sa_jobqueue.worker.group import batch_parts, group_sizes
 from sa_jobqueue.worker.slots import Slots
 
 COUNT = 20
@@ -278,6 +278,16 @@ def test_group_commit_needs_a_handler_that_takes_the_session() -> None:
 def test_group_sizes_spread_a_claim_over_the_slots(count: int, concurrency: int, sizes: list[int]) -> None:
     assert group_sizes(count, concurrency) == sizes
     assert sum(sizes) == count
+
+
+@pytest.mark.parametrize(("kinds", "parts"), [
+    ("", []), ("s", ["s"]), ("g", ["G:g"]), ("ggsgg", ["G:gg", "s", "G:gg"]), ("ssg", ["s", "s", "G:g"]),
+    ("ggggg", ["G:gg", "G:gg", "G:g"]),  # at most two per group here
+])
+def test_a_batch_runs_as_groups_of_consecutive_grouped_jobs_and_single_jobs(kinds: str, parts: list[str]) -> None:
+    jobs = list(kinds)  # "g": a job of a group_commit task, "s": any other
+    shown = [("G:" if is_group else "") + "".join(part) for is_group, part in batch_parts(jobs, "g".__eq__, most=2)]
+    assert shown == parts
 
 
 def test_slots_count_a_group_by_its_weight() -> None:

@@ -7,7 +7,8 @@ of the application's; the batch's claim holds the row locks until it
 commits; each job runs in a SAVEPOINT (a failure rolls back only its job,
 and is recorded in the batch); the succeeded jobs complete in one
 statement and everything commits once. A crash rolls everything back:
-the rows are simply pending again.
+the rows are simply pending again. Consecutive jobs of ``group_commit``
+tasks share one SAVEPOINT, as in the thread worker.
 
 Handlers: an ``async def`` one gets the batch's ``AsyncSession`` when it
 takes a session; a sync one that takes a session runs on the batch's
@@ -47,6 +48,7 @@ from ..logs import job_context
 from ..task import Task
 from ..worker.context import READ_COMMITTED, WorkerContext
 from ..worker.failures import failure_of, record_failure, refuse_awaitable, timeout_failure
+from ..worker.group import batch_parts
 from ..worker.transaction import BatchReport
 from .executor import cancel_backend
 from .slots import wait_set
@@ -164,16 +166,76 @@ class AsyncTransactionMode:
         else:
             return None
         batch = BatchReport()
-        for job in jobs:
-            if self.stopping.is_set():
-                batch.unstarted.append(job)
-                continue
-            started = time.monotonic()
-            with job_context(job):
-                outcome, error = await self._run_in_savepoint(session, repo, job, pid)
-            batch.ran(job, outcome, error, time.monotonic() - started)
+        for is_group, part in batch_parts(jobs, self._grouped):
+            if is_group:
+                await self._run_group(session, repo, part, pid, batch)
+            else:
+                await self._run_one(session, repo, part[0], pid, batch)
         await session.run_sync(batch.finish, repo)
         return batch
+
+    def _grouped(self, job: Any) -> bool:
+        task = self.ctx.tasks.get(job.task)
+        return task is not None and task.group_commit
+
+    async def _run_one(self, session: AsyncSession, repo: Any, job: Any, pid: int | None, batch: BatchReport) -> None:
+        """Run one job of the batch in a SAVEPOINT of its own (unless stopping) and report it."""
+        if self.stopping.is_set():
+            batch.unstarted.append(job)
+            return
+        started = time.monotonic()
+        with job_context(job):
+            outcome, error = await self._run_in_savepoint(session, repo, job, pid)
+        batch.ran(job, outcome, error, time.monotonic() - started)
+
+    async def _run_group(
+        self, session: AsyncSession, repo: Any, group: list[Any], pid: int | None, batch: BatchReport
+    ) -> None:
+        """Run ``group`` (jobs of group_commit tasks) under one SAVEPOINT, as the
+        thread worker does (:meth:`~sa_jobqueue.worker.transaction.TransactionMode._run_group`):
+        a failure or a deadline rolls the group back, records that job alone and
+        runs the others in a SAVEPOINT each; a failed flush runs each alone."""
+        ctx = self.ctx
+        savepoint = await session.begin_nested()
+        ran: list[tuple[Any, float]] = []
+        culprit: tuple[Any, Task, Exception | None, float] | None = None  # error None: the deadline passed
+        for job in group:
+            if self.stopping.is_set():
+                break
+            task = ctx.tasks.get(job.task)
+            assert task is not None  # a group holds jobs of known group_commit tasks only
+            signals.send(signals.job_started, ctx.sender, job=job)
+            timeout = task.timeout or ctx.options.job_timeout
+            started = time.monotonic()
+            try:
+                with job_context(job):
+                    await self._call(task, job, session, None if timeout is None else timeout.total_seconds(), pid)
+            except _Timeout:
+                culprit = (job, task, None, time.monotonic() - started)
+                break
+            except Exception as exc:
+                culprit = (job, task, exc, time.monotonic() - started)
+                break
+            ran.append((job, time.monotonic() - started))
+        rest = group[len(ran) + (culprit is not None):]
+        if culprit is None:
+            try:
+                await savepoint.commit()  # flushes the group's writes
+            except Exception as exc:
+                await savepoint.rollback()
+                rest = batch.group_failed_at_flush(ctx.name, ran, exc) + rest
+            else:
+                for job, duration in ran:
+                    batch.ran(job, None, None, duration)
+        else:
+            await savepoint.rollback()
+            job, task, error, duration = culprit
+            with job_context(job):
+                outcome = await self._record(session, repo, job, task, error)
+            batch.ran(job, outcome, error, duration)
+            rest = [job for job, _ in ran] + rest
+        for job in rest:
+            await self._run_one(session, repo, job, pid, batch)
 
     def _claim(self, session: Any, repo: Any) -> list[Any]:
         ctx = self.ctx
@@ -194,7 +256,7 @@ class AsyncTransactionMode:
         signals.send(signals.job_started, ctx.sender, job=job)
         timeout = task.timeout or ctx.options.job_timeout
         savepoint = await session.begin_nested()
-        error: BaseException | None = None
+        error: Exception | None = None
         try:
             await self._call(task, job, session, None if timeout is None else timeout.total_seconds(), pid)
             await savepoint.commit()  # flushes the handler's writes inside the savepoint
@@ -204,7 +266,14 @@ class AsyncTransactionMode:
         except Exception as exc:
             error = exc
         await savepoint.rollback()
+        return await self._record(session, repo, job, task, error), error
+
+    async def _record(self, session: AsyncSession, repo: Any, job: Any, task: Task, error: Exception | None) -> str:
+        """Record the failure of ``job``, whose writes were rolled back: ``error``,
+        or its timeout when None; return its new status."""
+        ctx = self.ctx
         if error is None:
+            timeout = task.timeout or ctx.options.job_timeout
             assert timeout is not None
             seconds = timeout.total_seconds()
             log.error("worker %s: job %s (%s) timed out after %g s", ctx.name, job.id, job.task, seconds)
@@ -212,7 +281,8 @@ class AsyncTransactionMode:
         else:
             log.info("worker %s: job %s (%s) failed: %r", ctx.name, job.id, job.task, error)
             failure = failure_of(job, task, error)
-        return await session.run_sync(record_failure, repo, job, failure, savepoint=True), error
+        status: str = await session.run_sync(record_failure, repo, job, failure, savepoint=True)
+        return status
 
     async def _call(self, task: Task, job: Any, session: AsyncSession, seconds: float | None,
                     pid: int | None) -> None:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -54,6 +55,23 @@ def group_sizes(count: int, concurrency: int, most: int = GROUP_MOST) -> list[in
     if count % size:
         sizes.append(count % size)
     return sizes
+
+
+def batch_parts(
+    jobs: Sequence[Any], grouped: Callable[[Any], bool], most: int = GROUP_MOST
+) -> list[tuple[bool, list[Any]]]:
+    """Transaction mode: a batch's jobs in claim order, as the parts it runs,
+    each ``(is_group, jobs)``: a run of consecutive ``grouped`` jobs (at most
+    ``most``) is a group, run under one SAVEPOINT; any other job is a part of
+    its own."""
+    parts: list[tuple[bool, list[Any]]] = []
+    for job in jobs:
+        is_group = grouped(job)
+        if is_group and parts and parts[-1][0] and len(parts[-1][1]) < most:
+            parts[-1][1].append(job)
+        else:
+            parts.append((is_group, [job]))
+    return parts
 
 
 class Executor(Protocol):

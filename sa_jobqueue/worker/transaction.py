@@ -40,7 +40,7 @@ from .books import Held
 from .context import READ_COMMITTED, WorkerContext
 from .deadlines import check_stuck, grace
 from .failures import failure_of, record_failure, refuse_awaitable, timeout_failure
-from .group import GROUP_MOST
+from .group import batch_parts
 from .slots import Slots
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -55,6 +55,13 @@ class BatchReport:
     failed: list[tuple[Any, BaseException | None, str, float]] = field(default_factory=list)
     unstarted: list[Any] = field(default_factory=list)
     ran_ok: list[tuple[Any, float]] = field(default_factory=list)  # (job, duration), not completed yet
+
+    def group_failed_at_flush(self, name: str, ran: list[tuple[Any, float]], exc: BaseException) -> list[Any]:
+        """A group's writes failed at its flush, where no handler is to blame:
+        log it and return its jobs, each to run again alone."""
+        log.info("worker %s: the writes of a group of %s job(s) failed at its flush (%r); each runs again alone",
+                 name, len(ran), exc)
+        return [job for job, _ in ran]
 
     def ran(self, job: Any, outcome: str | None, error: BaseException | None, duration: float) -> None:
         """A job of the batch ran: ``outcome`` None when it succeeded, else its new status."""
@@ -192,23 +199,17 @@ class TransactionMode:
         else:
             return None
         batch = BatchReport()
-        group: list[Any] = []  # consecutive jobs of group_commit tasks, run under one SAVEPOINT
-        for job in jobs:
-            task = ctx.tasks.get(job.task)
-            if task is not None and task.group_commit:
-                if len(group) == GROUP_MOST:
-                    self._run_group(session, repo, group, pid, batch)
-                    group = []
-                group.append(job)
-                continue
-            if group:
-                self._run_group(session, repo, group, pid, batch)
-                group = []
-            self._run_one(session, repo, job, pid, batch)
-        if group:
-            self._run_group(session, repo, group, pid, batch)
+        for is_group, part in batch_parts(jobs, self._grouped):
+            if is_group:
+                self._run_group(session, repo, part, pid, batch)
+            else:
+                self._run_one(session, repo, part[0], pid, batch)
         batch.finish(session, repo)
         return batch
+
+    def _grouped(self, job: Any) -> bool:
+        task = self.ctx.tasks.get(job.task)
+        return task is not None and task.group_commit
 
     def _run_one(self, session: Session, repo: Any, job: Any, pid: int | None, batch: BatchReport) -> None:
         """Run one job of the batch in a SAVEPOINT of its own (unless stopping) and report it."""
@@ -258,9 +259,7 @@ class TransactionMode:
                 savepoint.commit()  # flushes the group's writes
             except Exception as exc:
                 savepoint.rollback()
-                log.info("worker %s: the writes of a group of %s job(s) failed at its flush (%r); each runs "
-                         "again alone", ctx.name, len(ran), exc)
-                rest = [job for job, _ in ran] + rest
+                rest = batch.group_failed_at_flush(ctx.name, ran, exc) + rest
             else:
                 for job, duration in ran:
                     batch.ran(job, None, None, duration)
