@@ -5,7 +5,7 @@ peak RSS each reports are its own::
 
     python benchmarks/child.py sajq     DSN --path a|b|c|g|t --concurrency C [--service] [--rss-at N,...] [--sleep S]
                                         [--record] [--pooler]
-    python benchmarks/child.py sajq-async DSN --path a|b|c --driver psycopg|asyncpg --concurrency C [--sleep S]
+    python benchmarks/child.py sajq-async DSN --path a|b|c|t --driver psycopg|asyncpg --concurrency C [--sleep S]
     python benchmarks/child.py textbook DSN --concurrency C
     python benchmarks/child.py batch    DSN --concurrency C [--service]
     python benchmarks/child.py produce-sajq | produce-raw DSN --jobs 200 --gap 0.02
@@ -202,8 +202,8 @@ def run_sajq(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_sajq_async(args: argparse.Namespace) -> dict[str, Any]:
     """The asyncio worker: path a (an async def handler without session, batched
-    completion), b (with the job's AsyncSession, one ledger row) or c (b in
-    transaction mode), on ``--driver``;
+    completion), b (with the job's AsyncSession, one ledger row), c (b in
+    transaction mode) or t (c with ``group_commit=True``), on ``--driver``;
     ``--sleep S``: each handler first awaits asyncio.sleep(S) (an I/O-bound job)."""
     import asyncio
     from dataclasses import asdict
@@ -237,9 +237,12 @@ def run_sajq_async(args: argparse.Namespace) -> dict[str, Any]:
                 stamps.record(job.id)
             await session.execute(add_ledger_row, {"job_id": job.id})
 
-    tasks.register(TASK, bench)
+    if args.path == "t":  # transaction mode, grouped commits: a SAVEPOINT per group, not per job
+        tasks.register(TASK, bench, group_commit=True)
+    else:
+        tasks.register(TASK, bench)
     options: dict[str, Any] = {"queues": [QUEUE], "concurrency": concurrency, "poll_interval": args.poll,
-                               "mode": "transaction" if args.path == "c" else "lease"}
+                               "mode": "transaction" if args.path in ("c", "t") else "lease"}
     if args.listen is not None:
         options["listen"] = args.listen == "on"
     if args.batch_size:
