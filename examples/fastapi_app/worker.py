@@ -5,6 +5,7 @@ import sys
 
 from app.db import engine
 from app.jobs import emails, tasks
+
 from sa_jobqueue.aio import AsyncWorker
 
 
