@@ -255,6 +255,25 @@ def test_in_transaction_mode_a_failing_grouped_handler_is_recorded_alone(
     assert all(runs[i] == 2 for i in ids[:5])  # ran in the group, rolled back with it, then alone
 
 
+def test_in_transaction_mode_a_stop_in_a_group_commits_what_ran_and_hands_back_the_rest(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    tasks, worker = TaskRegistry(), []
+    ids = _enqueue(sessions, "write", 5)
+
+    @tasks.task(group_commit=True)
+    def write(job: TaskJob, session: Session) -> None:
+        session.add(Ledger(job_id=job.id, note="job"))
+        if job.id == ids[1]:
+            worker[0].stop()  # the group runs no further job
+
+    worker.append(_worker(engine, tasks, concurrency=1, batch_size=5, mode="transaction"))
+    result = worker[0].run()
+    assert (result.completed, result.handed_back) == (2, 3)
+    assert sorted(_ledger(sessions)) == ids[:2]
+    assert all(_status(sessions, i) == "pending" for i in ids[2:])
+
+
 @pytest.mark.parametrize("bad", ["yes", 1, None])
 def test_group_commit_must_be_a_bool(bad: object) -> None:
     with pytest.raises(InvalidArgumentError) as raised:
