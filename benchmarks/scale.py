@@ -20,7 +20,8 @@ at most ``--pool-size`` server connections. For each number of processes P
 * P worker processes (``child.py sajq --path b``: lease mode, a handler that
   writes one ledger row in the job's session, so each job's write commits
   with its completion; ``--path a``: a handler without session, completions
-  batched) start round-robin on the three hosts, each with
+  batched; ``--path t``: path b's handler with ``group_commit=True`` in
+  transaction mode, with ``--batch-size``) start round-robin on the three hosts, each with
   ``--concurrency`` threads, ``listen=False`` (LISTEN needs a session of its
   own) and no prepared statements (PgBouncer 1.18 cannot track them);
 * they start together and run until the queue is empty; the wall time runs
@@ -61,6 +62,7 @@ HOSTS = 3
 PATHS = {
     "a": "path a (handler without session, batched completion)",
     "b": "path b (handler writes one row in the job's session)",
+    "t": "path t (path b's handler with group_commit=True, in transaction mode)",
 }
 
 
@@ -120,7 +122,7 @@ class Peaks:
 
 def drain(
     direct: str, database: str, processes: int, concurrency: int, jobs: int, places: list[tuple[list[str], str]],
-    pooler: bool, bouncer: str | None, path: str = "b",
+    pooler: bool, bouncer: str | None, path: str = "b", batch_size: int = 0,
 ) -> dict[str, Any]:
     """One measurement: ``jobs`` jobs, ``processes`` workers at ``places`` (a
     command prefix and a DSN each, used round-robin) on child.py's ``path``.
@@ -131,6 +133,8 @@ def drain(
         prefix, dsn = places[n % len(places)]
         argv = [sys.executable, CHILD, "sajq", dsn, "--path", path, "--concurrency", str(concurrency),
                 "--listen", "off", "--record"] + (["--pooler"] if pooler else [])
+        if batch_size:
+            argv += ["--batch-size", str(batch_size)]
         children.append(ChildProcess(prefix + argv))
     try:
         for child in children:
@@ -159,7 +163,7 @@ def drain(
         "seconds": seconds, "rate": jobs / seconds, "server": peaks.server, "clients": peaks.clients,
         "addresses": sorted(peaks.addresses),
         # Path b: a job whose ledger row did not commit is lost, whether or not its handler ran.
-        "lost": len(ids - set(ledger if path == "b" else runs)), "twice": len(runs) - len(set(runs)),
+        "lost": len(ids - set(runs if path == "a" else ledger)), "twice": len(runs) - len(set(runs)),
         "strays": len(set(ledger) - ids), "left": int(left[0]) if left else -1,
         # Attempts that did not complete: a retry, a dead job, a lease lost, a cancel.
         "failed": sum(out["result"][k] for out in outs for k in ("retried", "dead", "lost", "cancelled")),
@@ -204,11 +208,11 @@ def measure(args: argparse.Namespace, server_url: URL) -> tuple[dict[str, list[d
                         direct, name = libpq(url), str(url.database)
                         if kind == "direct":
                             out = drain(direct, name, 1, args.concurrency, args.jobs, [([], direct)], False, None,
-                                        args.path)
+                                        args.path, args.batch_size)
                         else:
                             at, admin = places(machines, bouncer, url)
                             out = drain(direct, name, int(kind), args.concurrency, args.jobs, at, True, admin,
-                                        args.path)
+                                        args.path, args.batch_size)
                     results.setdefault(kind, []).append(out)
                     print(f"{kind}: {out['rate']:,.0f} jobs/s, server {out['server']}, clients {out['clients']}, "
                           f"lost {out['lost']}, twice {out['twice']}", file=sys.stderr, flush=True)
@@ -231,7 +235,7 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], v
     base = med("1", "rate")
     lines = [
         f"Scale out: {args.jobs:,} jobs per measurement, concurrency {args.concurrency} per process, "
-        f"{PATHS[args.path]}, lease mode, listen off; "
+        f"{PATHS[args.path]}, listen off{f', batch_size {args.batch_size}' if args.batch_size else ''}; "
         f"{HOSTS} hosts (network namespaces) through {version} in transaction mode, pool size {args.pool_size}; "
         f"server: {source}; medians of {args.runs} runs.",
         "",
@@ -260,6 +264,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--path", choices=sorted(PATHS), default="b", help="child.py's execution path")
+    parser.add_argument("--batch-size", type=int, default=0, help="passed to the workers (transaction mode: "
+                        "the jobs per batch; path t groups only within a batch)")
     parser.add_argument("--pool-size", type=int, default=16, help="PgBouncer's server connections per database")
     args = parser.parse_args()
     if 1 not in args.processes:
