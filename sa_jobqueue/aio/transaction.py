@@ -48,7 +48,7 @@ from ..logs import job_context
 from ..task import Task
 from ..worker.context import READ_COMMITTED, WorkerContext
 from ..worker.failures import failure_of, record_failure, refuse_awaitable, timeout_failure
-from ..worker.group import batch_parts
+from ..worker.group import batch_parts, is_grouped
 from ..worker.transaction import BatchReport
 from .executor import cancel_backend
 from .slots import wait_set
@@ -166,17 +166,13 @@ class AsyncTransactionMode:
         else:
             return None
         batch = BatchReport()
-        for is_group, part in batch_parts(jobs, self._grouped):
+        for is_group, part in batch_parts(jobs, lambda job: is_grouped(self.ctx.tasks, job)):
             if is_group:
                 await self._run_group(session, repo, part, pid, batch)
             else:
                 await self._run_one(session, repo, part[0], pid, batch)
         await session.run_sync(batch.finish, repo)
         return batch
-
-    def _grouped(self, job: Any) -> bool:
-        task = self.ctx.tasks.get(job.task)
-        return task is not None and task.group_commit
 
     async def _run_one(self, session: AsyncSession, repo: Any, job: Any, pid: int | None, batch: BatchReport) -> None:
         """Run one job of the batch in a SAVEPOINT of its own (unless stopping) and report it."""

@@ -57,6 +57,12 @@ def group_sizes(count: int, concurrency: int, most: int = GROUP_MOST) -> list[in
     return sizes
 
 
+def is_grouped(tasks: Any, job: Any) -> bool:
+    """Whether ``job``'s task is known and registered with ``group_commit``."""
+    task = tasks.get(job.task)
+    return task is not None and bool(task.group_commit)
+
+
 def batch_parts(
     jobs: Sequence[Any], grouped: Callable[[Any], bool], most: int = GROUP_MOST
 ) -> list[tuple[bool, list[Any]]]:

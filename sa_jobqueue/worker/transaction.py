@@ -5,8 +5,8 @@ each job in its own SAVEPOINT (a failure rolls back only its job, and is
 recorded in a SAVEPOINT of its own, so that even a failure that cannot be
 recorded as asked leaves the batch usable), completes the succeeded jobs
 in one statement and commits once. Consecutive jobs of ``group_commit``
-tasks share one SAVEPOINT instead (see :meth:`TransactionMode._run_group`). A crash rolls everything back: the rows
-are simply pending again.
+tasks share one SAVEPOINT instead (see :meth:`TransactionMode._run_group`).
+A crash rolls everything back: the rows are simply pending again.
 
 At a graceful stop, a batch runs no further job: the jobs it claimed but
 did not start are handed back in its transaction (their attempt not
@@ -40,7 +40,7 @@ from .books import Held
 from .context import READ_COMMITTED, WorkerContext
 from .deadlines import check_stuck, grace
 from .failures import failure_of, record_failure, refuse_awaitable, timeout_failure
-from .group import batch_parts
+from .group import batch_parts, is_grouped
 from .slots import Slots
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -199,17 +199,13 @@ class TransactionMode:
         else:
             return None
         batch = BatchReport()
-        for is_group, part in batch_parts(jobs, self._grouped):
+        for is_group, part in batch_parts(jobs, lambda job: is_grouped(self.ctx.tasks, job)):
             if is_group:
                 self._run_group(session, repo, part, pid, batch)
             else:
                 self._run_one(session, repo, part[0], pid, batch)
         batch.finish(session, repo)
         return batch
-
-    def _grouped(self, job: Any) -> bool:
-        task = self.ctx.tasks.get(job.task)
-        return task is not None and task.group_commit
 
     def _run_one(self, session: Session, repo: Any, job: Any, pid: int | None, batch: BatchReport) -> None:
         """Run one job of the batch in a SAVEPOINT of its own (unless stopping) and report it."""
