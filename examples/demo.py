@@ -54,7 +54,7 @@ from sqlalchemy import BigInteger, DateTime, Integer, String, create_engine, fun
 from sqlalchemy.engine import URL, Connection, Engine  # noqa: E402
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column  # noqa: E402
 
-from sa_jobqueue import JobRepository, JobSpec, TaskRegistry, Worker, psycopg_url  # noqa: E402
+from sa_jobqueue import JobContext, JobRepository, TaskRegistry, Worker, psycopg_url  # noqa: E402
 from sa_jobqueue.default import Job  # noqa: E402
 
 QUEUES = ("emails", "reports")
@@ -91,21 +91,21 @@ jobs = JobRepository(Job)
 tasks = TaskRegistry()
 
 
-def _write_ledger(job: Job, session: Session) -> None:
+def _write_ledger(ctx: JobContext, session: Session) -> None:
     # The job's own session: this INSERT commits with the job's completion.
-    session.add(Ledger(job_id=job.id, queue=job.queue, attempt=job.attempts, worker_pid=os.getpid()))
+    session.add(Ledger(job_id=ctx.id, queue=ctx.queue, attempt=ctx.attempt, worker_pid=os.getpid()))
 
 
-@tasks.task
-def send_email(job: Job, session: Session) -> None:
+@tasks.task(queue="emails")
+def send_email(ctx: JobContext, session: Session, to: str) -> None:
     """Stands in for a call to a mail API; records the send in the ledger."""
-    _write_ledger(job, session)
+    _write_ledger(ctx, session)
 
 
-@tasks.task
-def build_report(job: Job, session: Session) -> None:
+@tasks.task(queue="reports", priority=1)
+def build_report(ctx: JobContext, session: Session, report: int) -> None:
     """Stands in for building a report; records it in the ledger."""
-    _write_ledger(job, session)
+    _write_ledger(ctx, session)
 
 
 # -- the worker role ---------------------------------------------------------
@@ -204,10 +204,8 @@ def enqueue(engine: Engine, total: int, per_transaction: int, progress: Any) -> 
     for start in range(0, total, per_transaction):
         specs = []
         for n in range(start, min(start + per_transaction, total)):
-            if n % 2 == 0:
-                specs.append(JobSpec("send_email", {"to": f"user{n}@example.com"}, queue="emails"))
-            else:
-                specs.append(JobSpec("build_report", {"report": n}, queue="reports", priority=1))
+            # Each a JobSpec for enqueue_many, its arguments checked against the handler.
+            specs.append(send_email.spec(f"user{n}@example.com") if n % 2 == 0 else build_report.spec(n))
         with Session(engine) as session, session.begin():
             ids.extend(job.id for job in jobs.enqueue_many(session, specs))
         progress.update(len(specs))

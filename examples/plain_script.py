@@ -26,7 +26,7 @@ from sqlalchemy import String, create_engine, select  # noqa: E402
 from sqlalchemy.engine import URL  # noqa: E402
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column  # noqa: E402
 
-from sa_jobqueue import JobMixin, JobRepository, TaskRegistry, Worker, psycopg_url  # noqa: E402
+from sa_jobqueue import JobContext, JobMixin, JobRepository, TaskRegistry, Worker, psycopg_url  # noqa: E402
 
 
 class Base(DeclarativeBase):
@@ -47,14 +47,14 @@ class EmailJob(JobMixin, Base):
 
 
 emails = JobRepository(EmailJob)
-tasks = TaskRegistry()
+tasks = TaskRegistry(repository=emails)  # its tasks' jobs go to this table
 
 
-@tasks.task
-def send_welcome(job: EmailJob, session: Session) -> None:
-    user = session.get(User, job.payload["user_id"])
+@tasks.task(queue="signup")
+def send_welcome(ctx: JobContext, session: Session, user_id: int) -> None:
+    user = session.get(User, user_id)
     assert user is not None
-    print(f"job {job.id}: sending the welcome email to {user.email} (attempt {job.attempts})")
+    print(f"job {ctx.id}: sending the welcome email to {user.email} (attempt {ctx.attempt})")
     user.welcomed = True  # commits with the job's completion, exactly once
 
 
@@ -88,7 +88,7 @@ def main() -> int:
                 user = User(email="ada@example.com")
                 session.add(user)
                 session.flush()
-                job = emails.enqueue(session, "send_welcome", {"user_id": user.id}, queue="signup")
+                job = send_welcome.enqueue(session, user.id)  # checked against send_welcome(user_id: int)
                 user_id = user.id
             print(f"enqueued job {job.id} ({job.task}) for user {user_id}")
 

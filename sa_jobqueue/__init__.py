@@ -17,6 +17,7 @@
     Worker(engine, emails, tasks).run()
 """
 
+from .configured import ConfiguredTask
 from .errors import (
     InvalidArgumentError,
     JobLostError,
@@ -25,6 +26,7 @@ from .errors import (
     RetryJob,
     WorkerStuckError,
 )
+from .job_context import JobContext
 from .mixin import JobMixin, job_table_args
 from .periodic import Periodic, PeriodicScheduler, create_periodic_table
 from .registry import TaskRegistry
@@ -42,7 +44,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "STATUSES",
+    "ConfiguredTask",
     "InvalidArgumentError",
+    "JobContext",
     "JobLostError",
     "JobMixin",
     "JobQueueError",

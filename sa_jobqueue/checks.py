@@ -200,8 +200,12 @@ def check_aware(parameter: str, value: datetime | None) -> datetime | None:
 
 
 def check_session(value: object) -> Any:
-    """A verb's ``session``: an ORM Session (or a scoped_session proxying one)."""
-    if not isinstance(value, (Session, scoped_session)):
+    """A verb's ``session``: an ORM Session, or a scoped_session, for which
+    the Session it proxies is returned (the verbs use Session methods a
+    proxy does not forward, such as ``get_transaction``)."""
+    if isinstance(value, scoped_session):
+        return value()
+    if not isinstance(value, Session):
         # By name: the core never imports SQLAlchemy's asyncio extension.
         hint = " (an AsyncSession takes sa_jobqueue.aio.AsyncJobRepository)" if type(value).__name__ in (
             "AsyncSession", "async_scoped_session") else ""

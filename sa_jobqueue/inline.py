@@ -27,8 +27,8 @@ from .errors import InvalidArgumentError, JobQueueError, RetryJob
 from .mixin import JobMixin
 from .registry import TaskRegistry
 from .repository import JobRepository, check_repositories
+from .runnable import RunnableTask
 from .states import DEAD, PENDING, STATUSES
-from .task import Task
 from .worker.failures import failure_of, record_failure, refuse_awaitable
 
 M = TypeVar("M", bound=JobMixin)
@@ -122,7 +122,7 @@ def enqueued(
     (:mod:`sa_jobqueue.snapshot`), like the ones ``enqueue`` returns, so
     listing them leaves the session's identity map alone.
     """
-    check_session(session)
+    session = check_session(session)
     repo = _check_repository(repository)
     t = repo.table
     stmt = select(*repo.snapshots.columns).order_by(t.c.id)
@@ -198,11 +198,11 @@ def run_enqueued(
 
 
 #: How :func:`run_inline` calls a handler: ``call(task, job, session)``.
-HandlerCall = Callable[[Task, Any, Session], None]
+HandlerCall = Callable[[RunnableTask, Any, Session], None]
 
 
-def _call_sync(task: Task, job: Any, session: Session) -> None:
-    refuse_awaitable(task(job, session))
+def _call_sync(task: RunnableTask, job: Any, session: Session) -> None:
+    refuse_awaitable(task.run(job, session))
 
 
 def run_inline(
@@ -219,7 +219,7 @@ def run_inline(
     """:func:`run_enqueued`, with ``call`` running each handler (the asyncio
     helpers pass one that awaits ``async def`` handlers on the ``AsyncSession``)."""
     __tracebackhide__ = True
-    check_session(session)
+    session = check_session(session)
     repos = check_repositories(repositories)
     if not isinstance(registry, TaskRegistry):
         raise InvalidArgumentError("registry", f"must be a TaskRegistry, got {type(registry).__name__}")

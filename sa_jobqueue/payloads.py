@@ -34,8 +34,8 @@ def _payload_strings(payload: Any) -> str | None:
     return None
 
 
-def check_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
-    """Return the payload if it is strict JSON PostgreSQL can store; raise naming ``payload``.
+def check_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES, parameter: str = "payload") -> Any:
+    """Return the payload if it is strict JSON PostgreSQL can store; raise naming ``parameter``.
 
     Refused: anything json.dumps cannot encode (objects, sets, bytes,
     Decimal, datetime…: a payload is data, never code, so nothing is
@@ -47,26 +47,26 @@ def check_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Any:
     try:
         encoded = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except RecursionError:
-        raise InvalidArgumentError("payload", "is nested too deeply to encode as JSON") from None
+        raise InvalidArgumentError(parameter, "is nested too deeply to encode as JSON") from None
     except ValueError as exc:  # NaN or infinity, a circular reference, a too long int
-        raise InvalidArgumentError("payload", f"is not valid JSON: {exc}") from None
+        raise InvalidArgumentError(parameter, f"is not valid JSON: {exc}") from None
     except TypeError as exc:
-        raise InvalidArgumentError("payload", f"is not JSON serializable: {exc}") from None
+        raise InvalidArgumentError(parameter, f"is not JSON serializable: {exc}") from None
     try:
         size = len(encoded.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise InvalidArgumentError(
-            "payload",
+            parameter,
             f"contains a lone surrogate ({encoded[exc.start]!r}) in a key or string: not valid "
             "Unicode (undecodable bytes or broken UTF-16), so it cannot be encoded as UTF-8",
         ) from None
     if size > max_bytes:
         raise InvalidArgumentError(
-            "payload",
+            parameter,
             f"is {size} bytes as JSON, more than the limit of {max_bytes}; store large data "
             "elsewhere and enqueue a reference to it",
         )
     problem = _payload_strings(payload)
     if problem is not None:
-        raise InvalidArgumentError("payload", problem)
+        raise InvalidArgumentError(parameter, problem)
     return payload

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 from sqlalchemy import DateTime, Engine, String, Table, Text, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -35,10 +35,17 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from .checks import check_aware, check_interval, check_session
 from .errors import InvalidArgumentError
-from .registry import TaskRegistry
 from .repository import JobRepository
 from .schedule import Periodic, check_cron
 from .spec import JobSpec
+
+
+@runtime_checkable
+class HasSchedules(Protocol):
+    """What the scheduler takes of a :class:`~sa_jobqueue.TaskRegistry`: its schedules."""
+
+    @property
+    def periodic_tasks(self) -> list[Periodic]: ...
 
 log = logging.getLogger("sa_jobqueue.periodic")
 
@@ -91,13 +98,14 @@ class PeriodicScheduler:
     def __init__(
         self,
         repository: JobRepository[Any],
-        schedules: TaskRegistry | Iterable[Periodic],
+        schedules: HasSchedules | Iterable[Periodic],
         *,
         queues: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(repository, JobRepository):
             raise InvalidArgumentError("repository", "must be a JobRepository")
-        entries = schedules.periodic_tasks if isinstance(schedules, TaskRegistry) else list(schedules)
+        # A TaskRegistry, by what it has: the registry's module sits above this one.
+        entries = schedules.periodic_tasks if isinstance(schedules, HasSchedules) else list(schedules)
         for entry in entries:
             if not isinstance(entry, Periodic):
                 raise InvalidArgumentError("schedules", f"must hold Periodic entries, got {type(entry).__name__}")
@@ -130,7 +138,7 @@ class PeriodicScheduler:
         time records its latest tick and enqueues nothing: ticks before a
         schedule existed are not owed.
         """
-        check_session(session)
+        session = check_session(session)
         if now is None:
             now = session.execute(select(func.now())).scalar_one()
         now = _utc(now)

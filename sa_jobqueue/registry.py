@@ -17,40 +17,57 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
 from .checks import check_name, check_timeout
+from .configured import check_repository
 from .errors import InvalidArgumentError
+from .job_context import JobContext
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from .schedule import Periodic, check_cron
 from .states import DEFAULT_QUEUE
-from .task import Handler, Task, check_task, takes_session
+from .task import Handler, Task, check_task
 
 __all__ = ["Handler", "Task", "TaskRegistry"]
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.orm import Session
+
 F = TypeVar("F", bound=Handler)
+P = ParamSpec("P")
+R = TypeVar("R")
+#: The session a handler asks for; as strings, so that the core never imports SQLAlchemy's asyncio extension.
+S = TypeVar("S", "Session", "AsyncSession")
 
 
 class TaskRegistry:
-    """Handlers by task name. One registry may serve several workers."""
+    """Handlers by task name. One registry may serve several workers.
 
-    def __init__(self) -> None:
-        self._tasks: dict[str, Task] = {}
+    ``repository``: the job table (a JobRepository) its tasks enqueue into
+    unless a task names its own."""
+
+    def __init__(self, *, repository: Any = None) -> None:
+        self._tasks: dict[str, Task[..., Any]] = {}
         self._periodic: list[Periodic] = []
         # @periodic applied before @task (written below it): resolved by handler later.
         self._pending: list[tuple[Handler, dict[str, Any]]] = []
+        self.repository = None if repository is None else check_repository(repository)
 
     def register(
         self,
         name: str,
-        handler: Handler,
+        handler: Callable[P, R],
         *,
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         max_attempts: int | None = None,
         batch_complete: bool = True,
         timeout: timedelta | float | None = None,
         group_commit: bool = False,
-    ) -> Task:
+        repository: Any = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+    ) -> Task[P, R]:
         """Register ``handler`` for ``name``; a name can be registered once.
 
         ``timeout`` (a timedelta or seconds): the job's deadline. Past it the
@@ -64,6 +81,10 @@ class TaskRegistry:
         one transaction; when one fails, the others run again in
         transactions of their own (docs/concepts.md, "Grouped commits").
 
+        ``repository``, ``queue``, ``priority``: where :meth:`Task.enqueue`
+        puts its jobs unless :meth:`Task.configure` says otherwise (the job
+        table defaults to the registry's).
+
         ``name`` is any non-blank string of at most 128 characters without NUL
         or lone surrogates (it is stored in the jobs' ``task`` column);
         ``batch_complete`` must be a bool. Raises :class:`InvalidArgumentError`
@@ -73,12 +94,22 @@ class TaskRegistry:
         if name in self._tasks:
             raise InvalidArgumentError("name", f"task {name!r} is already registered")
         deadline = None if timeout is None else check_timeout("timeout", timeout)
-        task = Task(name, handler, takes_session(handler), retry, max_attempts, batch_complete, deadline, group_commit)
+        task: Task[P, R] = Task(
+            name, handler, None, retry, max_attempts, batch_complete, deadline, group_commit,
+            self.repository if repository is None else repository, queue, priority)
         self._tasks[name] = task
         return task
 
     @overload
-    def task(self, name: F) -> F: ...
+    def task(self, name: Callable[Concatenate[JobContext, S, P], R]) -> Task[P, R]: ...
+    @overload
+    def task(self, name: Callable[Concatenate[S, JobContext, P], R]) -> Task[P, R]: ...
+    @overload
+    def task(self, name: Callable[Concatenate[JobContext, P], R]) -> Task[P, R]: ...
+    @overload
+    def task(self, name: Callable[Concatenate[S, P], R]) -> Task[P, R]: ...
+    @overload
+    def task(self, name: Callable[P, R]) -> Task[P, R]: ...
     @overload
     def task(
         self,
@@ -89,31 +120,34 @@ class TaskRegistry:
         batch_complete: bool = ...,
         timeout: timedelta | float | None = ...,
         group_commit: bool = ...,
-    ) -> Callable[[F], F]: ...
+        repository: Any = ...,
+        queue: str = ...,
+        priority: int = ...,
+    ) -> TaskDecorator: ...
 
     def task(
         self,
-        name: str | F | None = None,
+        name: str | Callable[..., Any] | None = None,
         *,
         retry: RetryPolicy = DEFAULT_RETRY_POLICY,
         max_attempts: int | None = None,
         batch_complete: bool = True,
         timeout: timedelta | float | None = None,
         group_commit: bool = False,
-    ) -> F | Callable[[F], F]:
-        """Decorator form of :meth:`register`; the name defaults to the function's."""
+        repository: Any = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+    ) -> Task[..., Any] | TaskDecorator:
+        """Decorator form of :meth:`register`; the name defaults to the
+        function's. It returns the :class:`Task`: still callable as the
+        function, and what its jobs are enqueued through."""
         if callable(name):
-            self.register(name.__name__, name)
-            return name
-
-        def decorate(handler: F) -> F:
-            self.register(
-                handler.__name__ if name is None else name, handler, retry=retry, max_attempts=max_attempts,
-                batch_complete=batch_complete, timeout=timeout, group_commit=group_commit,
-            )
-            return handler
-
-        return decorate
+            return self.register(name.__name__, name)
+        options: dict[str, Any] = {
+            "retry": retry, "max_attempts": max_attempts, "batch_complete": batch_complete, "timeout": timeout,
+            "group_commit": group_commit, "repository": repository, "queue": queue, "priority": priority,
+        }
+        return TaskDecorator(self, name, options)
 
     # -- periodic jobs (see sa_jobqueue/schedule.py, periodic.py, docs/periodic.md)
 
@@ -201,17 +235,50 @@ class TaskRegistry:
             self.schedule(options.pop("cron"), task.name, **options)
         return list(self._periodic)
 
-    def _task_of(self, handler: Handler) -> Task | None:
+    def _task_of(self, handler: Handler) -> Task[..., Any] | None:
+        if isinstance(handler, Task):
+            return handler if self._tasks.get(handler.name) is handler else None
         return next((t for t in self._tasks.values() if t.handler is handler), None)
 
-    def get(self, name: str) -> Task | None:
+    def get(self, name: str) -> Task[..., Any] | None:
         return self._tasks.get(name) if isinstance(name, str) else None
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name in self._tasks
 
-    def __iter__(self) -> Iterator[Task]:
+    def __iter__(self) -> Iterator[Task[..., Any]]:
         return iter(self._tasks.values())
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+class TaskDecorator:
+    """``@registry.task(...)`` with options: registers the function it decorates and returns its :class:`Task`.
+
+    Its overloads tell a type checker what :meth:`Task.enqueue` takes: the
+    handler's parameters, less the leading ones the worker fills (a
+    ``JobContext``, the session).
+    """
+
+    def __init__(self, registry: TaskRegistry, name: str | None, options: dict[str, Any]) -> None:
+        self.registry = registry
+        self.name = name
+        self.options = options
+
+    @overload
+    def __call__(self, handler: Callable[Concatenate[JobContext, S, P], R]) -> Task[P, R]: ...
+    @overload
+    def __call__(self, handler: Callable[Concatenate[S, JobContext, P], R]) -> Task[P, R]: ...
+    @overload
+    def __call__(self, handler: Callable[Concatenate[JobContext, P], R]) -> Task[P, R]: ...
+    @overload
+    def __call__(self, handler: Callable[Concatenate[S, P], R]) -> Task[P, R]: ...
+    @overload
+    def __call__(self, handler: Callable[P, R]) -> Task[P, R]: ...
+
+    def __call__(self, handler: Callable[..., Any]) -> Task[..., Any]:
+        if not callable(handler):
+            raise InvalidArgumentError("handler", "must be callable")
+        name = getattr(handler, "__name__", None) if self.name is None else self.name
+        return self.registry.register(name, handler, **self.options)  # type: ignore[arg-type]

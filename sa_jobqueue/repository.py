@@ -124,7 +124,7 @@ class JobRepository(Generic[M]):
         With ``dedupe_key``, while a live job of the same queue holds the key,
         that job is returned and nothing is inserted.
         """
-        check_session(session)
+        session = check_session(session)
         spec = JobSpec(
             task=task, payload=payload, queue=queue, priority=priority, run_at=run_at,
             delay=delay, max_attempts=max_attempts, dedupe_key=dedupe_key, extra=extra or {},
@@ -146,7 +146,7 @@ class JobRepository(Generic[M]):
         ``(queue, dedupe_key)``, so concurrent calls with overlapping keys
         wait for each other in line instead of deadlocking.
         """
-        check_session(session)
+        session = check_session(session)
         rows = [to_row(spec, self._user_columns) for spec in check_specs(jobs)]
         return self._enqueuer.many(session, rows, notify=self.notify)
 
@@ -177,7 +177,7 @@ class JobRepository(Generic[M]):
         of the claim are returned as usual, and when there are none the claim
         is made again, so an empty list still means an empty queue.
         """
-        check_session(session)
+        session = check_session(session)
         limit = positive_int("limit", limit)
         lease = check_lease("lease", lease)
         worker = check_worker_name("worker", worker)
@@ -190,7 +190,7 @@ class JobRepository(Generic[M]):
     def complete(self, session: Session, job: M) -> None:
         """Finish a claimed job: delete it, or mark it ``done`` when the model
         sets ``__keep_done__``. Raise :class:`JobLostError` if not owned."""
-        check_session(session)
+        session = check_session(session)
         check_claimed("job", job, self.model)
         params = {"job_id": job.id, "token": job.lock_token}
         if not self._complete.rows(self._complete.connection(session), params):
@@ -199,7 +199,7 @@ class JobRepository(Generic[M]):
     def complete_many(self, session: Session, jobs: Sequence[M]) -> set[int]:
         """Finish many claimed jobs in one fenced statement; return the ids
         finished. A job missing from the result was no longer owned."""
-        check_session(session)
+        session = check_session(session)
         jobs = check_claimed_many("jobs", jobs, self.model)
         if not jobs:
             return set()
@@ -228,7 +228,7 @@ class JobRepository(Generic[M]):
         task's own limit, as a worker passes it), else 20. ``error`` is kept
         in ``last_error``. Fenced.
         """
-        check_session(session)
+        session = check_session(session)
         check_claimed("job", job, self.model)
         policy = check_policy(policy)
         discard = check_bool("discard", discard)
@@ -258,7 +258,7 @@ class JobRepository(Generic[M]):
         fenced statement; report the ids still owned and, among them, those
         whose cancel was requested (:meth:`cancel`): their worker should stop
         them and end them with :meth:`mark_cancelled`."""
-        check_session(session)
+        session = check_session(session)
         jobs = check_claimed_many("jobs", jobs, self.model)
         lease = check_lease("lease", lease)
         if not jobs:
@@ -279,7 +279,7 @@ class JobRepository(Generic[M]):
         result too). With ``notify``, the table's channel is notified once
         per queue of the jobs made pending, so that idle workers claim them.
         """
-        check_session(session)
+        session = check_session(session)
         jobs = check_claimed_many("jobs", jobs, self.model)
         if not jobs:
             return set()
@@ -293,7 +293,7 @@ class JobRepository(Generic[M]):
         """End a claimed job as ``cancelled`` (``finished_at`` set, no longer
         owned, ``reason`` kept in ``last_error`` as :meth:`fail` keeps its
         error). Raise :class:`JobLostError` if not owned. Fenced."""
-        check_session(session)
+        session = check_session(session)
         check_claimed("job", job, self.model)
         if not isinstance(reason, str):
             raise InvalidArgumentError("reason", f"must be a str, got {type(reason).__name__}")
@@ -314,7 +314,7 @@ class JobRepository(Generic[M]):
         of those tasks enqueued without one, as ``fail``'s ``max_attempts``
         is; a limit given at enqueue wins, and 20 applies when neither is.
         """
-        check_session(session)
+        session = check_session(session)
         limits = check_task_limits(task_max_attempts)
         params = {"limit": positive_int("limit", limit), "task_limits": limits}
         rows = session.execute(self._reap, params, execution_options=_NO_SYNC).all()
@@ -333,7 +333,7 @@ class JobRepository(Generic[M]):
         running first, a completion still completes it, while a failure, a
         hand-back or an expired lease ends it ``cancelled``.
         """
-        check_session(session)
+        session = check_session(session)
         job_id = check_job_id(job_id)
         params = {"job_id": job_id, "cancel_channel": self.cancel_channel}
         return session.execute(self._cancel, params, execution_options=_NO_SYNC).first() is not None
@@ -345,7 +345,7 @@ class JobRepository(Generic[M]):
         Return False if the job is neither dead nor cancelled, or if another
         live job of its queue holds its dedupe key (retrying would duplicate it).
         """
-        check_session(session)
+        session = check_session(session)
         job_id = check_job_id(job_id)
         return session.execute(self._retry, {"job_id": job_id}, execution_options=_NO_SYNC).first() is not None
 
@@ -358,7 +358,7 @@ class JobRepository(Generic[M]):
         limit: int = 1000,
     ) -> int:
         """Delete up to ``limit`` finished jobs older than ``older_than``; return how many."""
-        check_session(session)
+        session = check_session(session)
         statuses = check_statuses(statuses)
         older_than = check_older_than(older_than)
         stmt = housekeeping.purge(
@@ -368,7 +368,7 @@ class JobRepository(Generic[M]):
 
     def stats(self, session: Session) -> list[QueueStats]:
         """Job counts per queue and status, with the oldest runnable job's age."""
-        check_session(session)
+        session = check_session(session)
         rows = session.execute(housekeeping.stats(self.model)).all()
         return [QueueStats(r.queue, r.status, int(r[2]), r.oldest_runnable_age) for r in rows]
 

@@ -16,7 +16,7 @@ from sqlalchemy import BigInteger, String, create_engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from sa_jobqueue import JobRepository, TaskRegistry, Worker, psycopg_url
+from sa_jobqueue import JobContext, JobRepository, TaskRegistry, Worker, psycopg_url
 from sa_jobqueue.aio import AsyncWorker
 from sa_jobqueue.default import Job
 
@@ -45,6 +45,15 @@ def record(job: Job, session: Session) -> None:
 def stuck(job: Job) -> None:
     """Hangs in Python, past its deadline: nothing on the server to cancel."""
     threading.Event().wait(3600)
+
+
+#: Typed tasks bound to the default job table: ``enqueue greet --tasks cli_tasks:typed_tasks --arg name=ada``.
+typed_tasks = TaskRegistry(repository=JobRepository(Job))
+
+
+@typed_tasks.task(queue="typed", priority=2)
+def greet(session: Session, ctx: JobContext, name: str, times: int = 1) -> None:
+    session.add(Done(job_id=ctx.id, note=f"{name} x{times}"))
 
 
 async_tasks = TaskRegistry()

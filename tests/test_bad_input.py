@@ -585,6 +585,10 @@ def _handler(job: Any) -> None:
     pass
 
 
+def _session_after_arguments(user_id: int, session: Session) -> None:
+    """Asks for the session after its own argument: a type checker could not take it off enqueue's."""
+
+
 REGISTER = [
     *(
         pytest.param({"name": value}, "name", id=f"name-{label}")
@@ -595,7 +599,7 @@ REGISTER = [
     ),
     pytest.param({"handler": None}, "handler", id="handler-none"),
     pytest.param({"handler": 5}, "handler", id="handler-int"),
-    pytest.param({"handler": lambda: None}, "handler", id="handler-no-job-argument"),
+    pytest.param({"handler": _session_after_arguments}, "handler", id="handler-session-after-arguments"),
     pytest.param({"handler": min}, "handler", id="handler-no-signature"),
     pytest.param({"retry": "fast"}, "retry", id="retry-str"),
     pytest.param({"retry": None}, "retry", id="retry-none"),
@@ -609,6 +613,12 @@ REGISTER = [
     pytest.param({"batch_complete": "no"}, "batch_complete", id="batch_complete-str"),
     pytest.param({"batch_complete": None}, "batch_complete", id="batch_complete-none"),
     pytest.param({"batch_complete": 1}, "batch_complete", id="batch_complete-int"),
+    pytest.param({"repository": TaskJob}, "repository", id="repository-model"),
+    pytest.param({"repository": "jobs"}, "repository", id="repository-str"),
+    pytest.param({"queue": ""}, "queue", id="queue-empty"),
+    pytest.param({"queue": NUL}, "queue", id="queue-nul"),
+    pytest.param({"priority": 40_000}, "priority", id="priority-above"),
+    pytest.param({"priority": "1"}, "priority", id="priority-str"),
 ]
 
 
@@ -624,6 +634,49 @@ def test_task_registry_refuses(db: Engine, kwargs: dict[str, Any], parameter: st
         name = kwargs.get("name", "noop")
         refused(db, lambda s: registry.task(name, **options)(_handler), parameter)
     assert len(registry) == 0
+
+
+def _typed_task() -> Any:
+    registry = TaskRegistry(repository=JobRepository(TaskJob))
+
+    @registry.task
+    def charge(order_id: int, *tags: str, note: str = "") -> None:
+        pass
+
+    return charge
+
+
+TYPED_ENQUEUE = [
+    pytest.param(lambda t, s: t.enqueue(s), "order_id", id="missing"),
+    pytest.param(lambda t, s: t.enqueue(s, 1, nope=2), "nope", id="unknown-keyword"),
+    pytest.param(lambda t, s: t.enqueue(s, 1, order_id=2), "order_id", id="twice"),
+    pytest.param(lambda t, s: t.enqueue(s, object()), "order_id", id="not-json"),
+    pytest.param(lambda t, s: t.enqueue(s, 1, b"x"), "tags", id="star-args-not-json"),
+    pytest.param(lambda t, s: t.enqueue(s, float("inf")), "order_id", id="infinity"),
+    pytest.param(lambda t, s: t.enqueue(s, 1, note=SURROGATE), "note", id="surrogate"),
+    pytest.param(lambda t, s: t.enqueue(s, 1, note="x" * (1024 * 1024 + 1)), "note", id="argument-too-big"),
+    pytest.param(lambda t, s: t.enqueue(s, 1, "x" * 600_000, note="x" * 600_000), "payload", id="too-big"),
+    pytest.param(lambda t, s: t.enqueue(None, 1), "session", id="session-none"),
+    pytest.param(lambda t, s: t.spec(1, note={1}), "note", id="spec-not-json"),
+    pytest.param(lambda t, s: t.configure(queue=""), "queue", id="configure-queue"),
+    pytest.param(lambda t, s: t.configure(priority=-40_000), "priority", id="configure-priority"),
+    pytest.param(lambda t, s: t.configure(delay=-1), "delay", id="configure-delay"),
+    pytest.param(lambda t, s: t.configure(max_attempts=0), "max_attempts", id="configure-max_attempts"),
+    pytest.param(lambda t, s: t.configure(dedupe_key=NUL), "dedupe_key", id="configure-dedupe_key"),
+    pytest.param(lambda t, s: t.configure(repository=TaskJob), "repository", id="configure-repository"),
+    pytest.param(lambda t, s: t.configure(run_at=datetime(2030, 1, 1), delay=5), "run_at", id="configure-both"),
+    pytest.param(lambda t, s: t.configure(extra={"nope": 1}).enqueue(s, 1), "extra", id="configure-extra"),
+]
+
+
+@pytest.mark.parametrize(("call", "parameter"), TYPED_ENQUEUE)
+def test_typed_enqueue_refuses(db: Engine, call: Callable[[Any, Session], object], parameter: str) -> None:
+    task = _typed_task()
+    refused(db, lambda s: call(task, s), parameter)
+
+
+def test_a_registry_refuses_a_repository_that_is_not_one(db: Engine) -> None:
+    refused(db, lambda s: TaskRegistry(repository=TaskJob), "repository")
 
 
 def test_task_registry_refuses_a_second_registration_and_odd_lookups(db: Engine) -> None:

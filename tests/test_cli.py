@@ -128,6 +128,36 @@ def test_enqueue_stats_list_show(cli_url: str, cli_engine: Engine) -> None:
     assert fields["queue"] == "mail" and fields["priority"] == "5" and fields["status"] == "pending"
 
 
+def test_enqueue_a_typed_task_with_its_arguments(cli_url: str, cli_engine: Engine) -> None:
+    """--tasks checks --arg (text, or JSON with :=) against the handler; the task's queue and priority apply."""
+    typed = ["enqueue", "greet", "--tasks", "cli_tasks:typed_tasks"]
+    first = int(ok(cli_url, *typed, "--arg", "name=ada", "--arg", "times:=2"))
+    second = int(ok(cli_url, *typed, "--payload", '{"name": "bob"}', "--queue", "other"))
+    with Session(cli_engine) as session:
+        rows = {j.id: j for j in session.scalars(select(Job))}
+    assert (rows[first].payload, rows[first].queue, rows[first].priority) == ({"name": "ada", "times": 2}, "typed", 2)
+    assert (rows[second].payload, rows[second].queue) == ({"name": "bob"}, "other")
+    for args, contains in [
+        ([*typed, "--arg", "nme=ada"], "nme"),
+        ([*typed], "name"),
+        ([*typed, "--arg", "name=ada", "--arg", "times:=two"], "not valid JSON"),
+        ([*typed, "--arg", "name"], "NAME=TEXT"),
+        ([*typed, "--payload", "[1]"], "JSON object"),
+        ([*typed, "--payload", "{}", "--arg", "name=x"], "one of them"),
+        ([*typed, "--arg", "name=ada", "--priority", "99999"], "--priority"),
+        (["enqueue", "greet", "--arg", "name=ada"], "--tasks"),
+        (["enqueue", "nope", "--tasks", "cli_tasks:typed_tasks"], "greet"),
+        (["enqueue", "record", "--tasks", "cli_tasks:tasks", "--arg", "note=x"], "--payload"),
+        (["enqueue", "greet", "--tasks", "cli_tasks:Done"], "TaskRegistry"),
+    ]:
+        assert_one_line_error(run(cli_url, *args), contains=contains)
+    with Session(cli_engine) as session:
+        assert session.scalar(select(func.count()).select_from(Job)) == 2  # nothing written by the refused ones
+    Worker(cli_engine, repo, cli_tasks.typed_tasks, queues=["typed", "other"], listen=False).run(until_empty=True)
+    with Session(cli_engine) as session:
+        assert sorted(session.scalars(select(cli_tasks.Done.note))) == ["ada x2", "bob x1"]
+
+
 def _payload(engine: Engine, job_id: int) -> object:
     with engine.connect() as conn:
         return conn.execute(text("SELECT payload FROM sa_jobqueue_jobs WHERE id = :id"), {"id": job_id}).scalar_one()

@@ -95,7 +95,7 @@ def test_a_signup_commits_its_job_and_the_worker_runs_it_once(server: tuple[str,
         out = subprocess.run([sys.executable, "worker.py", "--until-empty"], cwd=APP, env=_env(url),
                              capture_output=True, text=True, timeout=TIMEOUT)
         assert out.returncode == 0, out.stdout + out.stderr
-        assert out.stdout.splitlines() == ["sending the welcome email to ada@example.com",
+        assert out.stdout.splitlines() == [f"job {created['job_id']}: sending the welcome email to ada@example.com",
                                            "worker: completed 1, retried 0, dead 0"]
         with engine.connect() as conn:
             assert conn.execute(select(func.count()).select_from(text("email_jobs"))).scalar_one() == 0

@@ -14,7 +14,7 @@ PUBLIC_API = [
     "STATUSES", "InvalidArgumentError", "JobLostError", "JobMixin", "JobQueueError",
     "JobRepository", "JobSpec", "JobTableError", "LeaseReport", "QueueStats", "ReapResult", "RetryJob",
     "RetryPolicy", "Task", "TaskRegistry", "Worker", "WorkerResult", "WorkerStuckError", "job_table_args",
-    "psycopg_url", "Periodic", "PeriodicScheduler", "create_periodic_table",
+    "psycopg_url", "Periodic", "PeriodicScheduler", "create_periodic_table", "ConfiguredTask", "JobContext",
 ]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from jobapp import EmailJob, Ledger, ReportJob, TaskJob, User, emails, jobs, reports, tasks
 from sqlalchemy import func, select, text, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 from sqllog import recorded_sql
 
 from sa_jobqueue import InvalidArgumentError, JobLostError, JobSpec, LeaseReport, ReapResult, RetryPolicy
@@ -531,3 +531,19 @@ def test_run_jobs_helper_runs_handlers_inline(engine, sessions: sessionmaker[Ses
     assert result.completed == 5
     with sessions() as session:
         assert sorted(session.scalars(select(Ledger.job_id))) == sorted(j.id for j in created)
+
+
+def test_the_verbs_take_a_scoped_session(sessions: sessionmaker[Session]) -> None:
+    """A scoped_session (Flask-SQLAlchemy's db.session) is the Session it proxies, for every
+    verb: enqueue once failed on it, the proxy lacking get_transaction."""
+    scoped = scoped_session(sessions)
+    try:
+        one = jobs.enqueue(scoped, "ledger", {"n": 1})
+        many = jobs.enqueue_many(scoped, [JobSpec("ledger", {"n": 2}), JobSpec("ledger", {"n": 3})])
+        claimed = jobs.claim(scoped, limit=3)
+        scoped.commit()
+    finally:
+        scoped.remove()
+    assert sorted(j.id for j in claimed) == sorted([one.id, *(j.id for j in many)])
+    with sessions() as session:
+        assert _count(session, TaskJob, status="running") == 3

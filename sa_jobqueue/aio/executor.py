@@ -41,7 +41,7 @@ from .. import signals
 from ..connections import driver_backend_pid, is_fatal_to_connection
 from ..errors import JobLostError
 from ..logs import job_context
-from ..task import Task
+from ..runnable import RunnableTask
 from ..worker.books import Held
 from ..worker.context import READ_COMMITTED, WorkerContext
 from ..worker.executor import JobExecutor, hand_back, start_job
@@ -103,19 +103,19 @@ class AsyncJobExecutor:
 
     # -- the three paths --------------------------------------------------
 
-    async def _without_session(self, held: Held, task: Task) -> None:
+    async def _without_session(self, held: Held, task: RunnableTask) -> None:
         """No session: the handler's completion is batched (or a transaction of its own)."""
         self._start(held, task)
         try:
             if task.is_async:
                 held.task = asyncio.current_task()
                 try:
-                    await task.handler(held.job)
+                    await task.run(held.job, None)
                 finally:
                     held.task = None
             else:
                 loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self.threads, contextvars.copy_context().run, task.handler, held.job)
+                await loop.run_in_executor(self.threads, contextvars.copy_context().run, task.run, held.job, None)
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError) and not self._cancelled_by_us(held):
                 raise
@@ -144,7 +144,7 @@ class AsyncJobExecutor:
         with self.ctx.control() as session:
             held.repo.complete(session, held.job)
 
-    async def _sync_in_session(self, held: Held, task: Task) -> None:
+    async def _sync_in_session(self, held: Held, task: RunnableTask) -> None:
         if self.in_thread is None:
             await in_greenlet(self.steps.record, held, Failure(
                 f"task {task.name!r} is a sync handler that takes a session: give the AsyncWorker a sync_bind "
@@ -153,7 +153,7 @@ class AsyncJobExecutor:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.threads, contextvars.copy_context().run, self.in_thread.run, held)
 
-    async def _async_in_session(self, held: Held, task: Task) -> None:
+    async def _async_in_session(self, held: Held, task: RunnableTask) -> None:
         ctx = self.ctx
         held.connecting_since = time.monotonic()  # a stop meanwhile hands the job back (see lease.stop_claiming)
         try:
@@ -186,14 +186,14 @@ class AsyncJobExecutor:
         finally:
             self.session_permits.release()
 
-    async def _attempt(self, held: Held, task: Task, session: AsyncSession, connection: AsyncConnection,
+    async def _attempt(self, held: Held, task: RunnableTask, session: AsyncSession, connection: AsyncConnection,
                        watch: JobWatch) -> None:
         ctx, repo, job = self.ctx, held.repo, held.job
         self._start(held, task)
         try:
             held.task = asyncio.current_task()
             try:
-                await task.handler(job, session)
+                await task.run(job, session)
                 # The handler's pending writes go first, so that their errors
                 # count as the handler's failure.
                 await session.flush()
@@ -230,7 +230,7 @@ class AsyncJobExecutor:
 
     # -- steps ---------------------------------------------------------------
 
-    def _start(self, held: Held, task: Task) -> None:
+    def _start(self, held: Held, task: RunnableTask) -> None:
         start_job(self.ctx, held, task)
 
     @staticmethod
@@ -254,7 +254,7 @@ class AsyncJobExecutor:
             await session.rollback()
         return True
 
-    async def _after_failure(self, held: Held, task: Task, exc: BaseException) -> None:
+    async def _after_failure(self, held: Held, task: RunnableTask, exc: BaseException) -> None:
         if await self._fenced_late(held):
             return
         log.info("worker %s: job %s (%s) failed: %r", self.ctx.name, held.job.id, held.job.task, exc)

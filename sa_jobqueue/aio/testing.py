@@ -30,8 +30,8 @@ from ..errors import InvalidArgumentError
 from ..mixin import JobMixin
 from ..registry import TaskRegistry
 from ..repository import JobRepository
+from ..runnable import RunnableTask
 from ..states import PENDING
-from ..task import Task
 from ..worker.failures import refuse_awaitable
 from .repository import AsyncJobRepository, check_async_session
 
@@ -110,14 +110,14 @@ async def run_enqueued(
     sync = [_sync(r, "repositories") for r in listed]
     outer = check_async_session(session)
 
-    def call(task: Task, job: Any, sync_session: Session) -> None:
+    def call(task: RunnableTask, job: Any, sync_session: Session) -> None:
         if not task.is_async:
-            refuse_awaitable(task(job, sync_session))
+            refuse_awaitable(task.run(job, sync_session))
             return
         # In run_sync's greenlet: await the coroutine on the loop. Its own
         # statements on ``outer`` run in greenlets of their own, on the same
         # connection and transaction (this one waits meanwhile).
-        await_only(task(job, outer))
+        await_only(task.run(job, outer))
 
     return await outer.run_sync(
         inline.run_inline, sync, registry, queue=queue, limit=limit, raise_errors=raise_errors,

@@ -45,7 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 from .. import signals
 from ..connections import driver_backend_pid, is_fatal_to_connection
 from ..logs import job_context
-from ..task import Task
+from ..runnable import RunnableTask
 from ..worker.context import READ_COMMITTED, WorkerContext
 from ..worker.failures import failure_of, record_failure, refuse_awaitable, timeout_failure
 from ..worker.group import batch_parts, is_grouped
@@ -194,7 +194,7 @@ class AsyncTransactionMode:
         ctx = self.ctx
         savepoint = await session.begin_nested()
         ran: list[tuple[Any, float]] = []
-        culprit: tuple[Any, Task, Exception | None, float] | None = None  # error None: the deadline passed
+        culprit: tuple[Any, RunnableTask, Exception | None, float] | None = None  # error None: the deadline passed
         for job in group:
             if self.stopping.is_set():
                 break
@@ -264,7 +264,9 @@ class AsyncTransactionMode:
         await savepoint.rollback()
         return await self._record(session, repo, job, task, error), error
 
-    async def _record(self, session: AsyncSession, repo: Any, job: Any, task: Task, error: Exception | None) -> str:
+    async def _record(
+        self, session: AsyncSession, repo: Any, job: Any, task: RunnableTask, error: Exception | None
+    ) -> str:
         """Record the failure of ``job``, whose writes were rolled back: ``error``,
         or its timeout when None; return its new status."""
         ctx = self.ctx
@@ -280,17 +282,17 @@ class AsyncTransactionMode:
         status: str = await session.run_sync(record_failure, repo, job, failure, savepoint=True)
         return status
 
-    async def _call(self, task: Task, job: Any, session: AsyncSession, seconds: float | None,
+    async def _call(self, task: RunnableTask, job: Any, session: AsyncSession, seconds: float | None,
                     pid: int | None) -> None:
         """Run the handler (as a task of its own when it has a deadline); raise
         :class:`_Timeout` when the deadline passed, whatever it did."""
         if not task.is_async and task.takes_session:
-            call: Any = session.run_sync(lambda s: refuse_awaitable(task(job, s)))
+            call: Any = session.run_sync(lambda s: refuse_awaitable(task.run(job, s)))
         elif not task.is_async:
             call = asyncio.get_running_loop().run_in_executor(
-                self.threads, contextvars.copy_context().run, lambda: refuse_awaitable(task(job, None)))
+                self.threads, contextvars.copy_context().run, lambda: refuse_awaitable(task.run(job, None)))
         else:
-            call = task(job, session)
+            call = task.run(job, session)
         if seconds is None:
             await call
             return

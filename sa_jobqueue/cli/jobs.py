@@ -15,6 +15,7 @@ from .database import database_errors
 from .errors import CliError, CliUsageError, OneLineCommand, OneLineGroup
 from .formatting import render_table, short, when
 from .state import cli_state, model_option, repository_for
+from .typed import typed_job
 
 __all__ = ["enqueue_command", "jobs_group"]
 
@@ -23,6 +24,11 @@ __all__ = ["enqueue_command", "jobs_group"]
 @click.argument("task")
 @click.option("--payload", default=None, metavar="JSON",
               help="The job's payload as JSON (default: {}; null is stored as {} too).")
+@click.option("--arg", "args", multiple=True, metavar="NAME=TEXT|NAME:=JSON",
+              help="An argument of a typed task (needs --tasks), as text or as JSON. Repeatable.")
+@click.option("--tasks", "tasks_path", default=None, metavar="MODULE:ATTR",
+              help="The TaskRegistry that has TASK: its arguments are checked against the handler, and its "
+                   "job table, queue and priority are the defaults.")
 @click.option("--queue", default="default", show_default=True)
 @click.option("--priority", type=int, default=0, show_default=True, help="Lower runs first (-32768 … 32767).")
 @click.option("--delay", type=float, default=None, metavar="SECONDS", help="Run no earlier than this from now.")
@@ -32,18 +38,31 @@ __all__ = ["enqueue_command", "jobs_group"]
 @model_option
 @click.pass_context
 def enqueue_command(
-    ctx: click.Context, task: str, payload: str | None, queue: str, priority: int, delay: float | None,
-    max_attempts: int | None, dedupe_key: str | None, model_path: str,
+    ctx: click.Context, task: str, payload: str | None, args: tuple[str, ...], tasks_path: str | None, queue: str,
+    priority: int, delay: float | None, max_attempts: int | None, dedupe_key: str | None, model_path: str,
 ) -> None:
     """Enqueue one job of TASK and print its id."""
     # No --payload, or a JSON null, is the library's payload=None: stored as {}.
     value: Any = None
     if payload is not None:
+        if args:
+            raise CliUsageError("--payload and --arg: give one of them")
         try:
             value = json.loads(payload)
         except ValueError as exc:
             raise CliUsageError(f"--payload: not valid JSON: {exc}") from None
-    repository = repository_for(ctx, model_path)
+    given = {name for name in ("queue", "priority", "model_path")
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    if tasks_path is None:
+        if args:
+            raise CliUsageError("--arg needs --tasks MODULE:ATTR, the registry whose handler the arguments fit")
+        repository = repository_for(ctx, model_path)
+    else:
+        typed = typed_job(tasks_path, task, args, value, queue=queue if "queue" in given else None,
+                          priority=priority if "priority" in given else None)
+        value, queue, priority = typed.payload, typed.queue, typed.priority
+        bound = None if "model_path" in given else typed.repository
+        repository = bound if bound is not None else repository_for(ctx, model_path)
     engine = cli_state(ctx).engine()
     with database_errors(engine, repository.table.name), Session(engine) as session, session.begin():
         job = repository.enqueue(

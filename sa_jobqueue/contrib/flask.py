@@ -10,8 +10,8 @@
     jobqueue = JobQueue()
 
     @jobqueue.tasks.task
-    def send_welcome(job, session):
-        user = db.session.get(User, job.payload["user_id"])  # db.session is the job's session here
+    def send_welcome(user_id: int) -> None:
+        user = db.session.get(User, user_id)  # db.session is the job's session here
         ...
 
     def create_app():
@@ -21,7 +21,9 @@
         jobqueue.init_app(app, db)
         return app
 
-* :meth:`JobQueue.enqueue` inserts the job on ``db.session``: it commits
+* ``send_welcome.enqueue(db.session, user_id)`` (the tasks of the default
+  registry write into the first table), or :meth:`JobQueue.enqueue` by
+  name, inserts the job on ``db.session``: it commits
   with the request's own writes when the view commits, and never when the
   request fails (Flask-SQLAlchemy removes the session, rolling it back, at
   the end of the app context).
@@ -53,7 +55,8 @@ from ..default import Job
 from ..errors import InvalidArgumentError, JobQueueError
 from ..registry import TaskRegistry
 from ..repository import JobRepository
-from ..task import Handler, Task
+from ..runnable import RunnableTask
+from ..task import Handler
 from ..worker.threaded import Worker
 
 EXTENSION = "sa_jobqueue"
@@ -94,7 +97,7 @@ class JobQueue:
         if not self.repositories or not all(isinstance(r, JobRepository) for r in self.repositories):
             raise InvalidArgumentError("repositories", "must be a JobRepository or a non-empty sequence of them")
         if tasks is None:
-            tasks = TaskRegistry()
+            tasks = TaskRegistry(repository=self.repositories[0])  # where its tasks' enqueue writes
         if not isinstance(tasks, TaskRegistry):
             raise InvalidArgumentError("tasks", "must be a TaskRegistry")
         self.tasks = tasks
@@ -238,7 +241,7 @@ class JobQueue:
         return group
 
 
-def _in_app_context(app: Flask, db: SQLAlchemy, task: Task) -> Handler:
+def _in_app_context(app: Flask, db: SQLAlchemy, task: RunnableTask) -> Handler:
     """``task``'s handler, run in an app context of its own with ``db.session`` bound to the job's session."""
 
     def run_in_app_context(job: Any, session: Session) -> Any:
@@ -246,7 +249,7 @@ def _in_app_context(app: Flask, db: SQLAlchemy, task: Task) -> Handler:
             registry = db.session.registry
             registry.set(cast(Any, session))  # a plain Session, not Flask-SQLAlchemy's subclass
             try:
-                return task(job, session)
+                return task.run(job, session)
             finally:
                 # Unbound before the context ends: Flask-SQLAlchemy's teardown
                 # would otherwise close the job's session before it commits.

@@ -21,7 +21,7 @@ from ..inflight import NOT_WATCHED, ConnectionWatch
 from .job_sessions import READ_COMMITTED, JobSessions, read_committed_connection
 
 if TYPE_CHECKING:
-    from ..task import Tasks
+    from ..runnable import Tasks
     from .books import Books
     from .completer import Completer
     from .options import WorkerOptions

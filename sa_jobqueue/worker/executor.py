@@ -77,7 +77,7 @@ class JobExecutor:
         if task.completes_in_batch:
             self.start(held, task)
             try:
-                refuse_awaitable(task(job, None))
+                refuse_awaitable(task.run(job, None))
             except BaseException as exc:  # SystemExit from a handler is a failure too
                 self.after_failure(held, task, exc)
                 return
@@ -121,7 +121,7 @@ class JobExecutor:
         ctx, repo, job = self.ctx, held.repo, held.job
         self.start(held, task)
         try:
-            refuse_awaitable(task(job, session))
+            refuse_awaitable(task.run(job, session))
             # The handler's pending writes go first, so that their errors
             # count as the handler's failure.
             session.flush()

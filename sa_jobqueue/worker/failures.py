@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 from ..errors import JobLostError, JobQueueError, RetryJob
 
 if TYPE_CHECKING:
-    from ..task import Task
+    from ..runnable import RunnableTask
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -50,7 +50,7 @@ def describe_error(exc: BaseException) -> str:
     return text if len(text) <= _ERROR_LIMIT else "…" + text[-_ERROR_LIMIT:]
 
 
-def unknown_task_error(job: Any, tasks: Iterable[Task]) -> str:
+def unknown_task_error(job: Any, tasks: Iterable[RunnableTask]) -> str:
     known = ", ".join(sorted(t.name for t in tasks)) or "none"
     return f"unknown task {job.task!r}: no handler is registered for it in this worker (registered: {known})"
 
@@ -75,13 +75,15 @@ class Failure:
     """A failed attempt, as the job's row will record it."""
 
     error: str
-    task: Task | None  # None: the task is unknown, the job goes to dead
+    task: RunnableTask | None  # None: the task is unknown, the job goes to dead
     delay: timedelta | None = None
     at: datetime | None = None
     discard: bool = False
 
 
-def failure_of(job: Any, task: Task | None, exc: BaseException | None, tasks: Iterable[Task] = ()) -> Failure:
+def failure_of(
+    job: Any, task: RunnableTask | None, exc: BaseException | None, tasks: Iterable[RunnableTask] = ()
+) -> Failure:
     """The failure to record for ``exc`` raised by ``task``'s handler."""
     if task is None:
         return Failure(unknown_task_error(job, tasks), None, discard=True)
@@ -91,7 +93,7 @@ def failure_of(job: Any, task: Task | None, exc: BaseException | None, tasks: It
     return Failure(describe_error(exc), task)
 
 
-def timeout_failure(task: Task, seconds: float) -> Failure:
+def timeout_failure(task: RunnableTask, seconds: float) -> Failure:
     return Failure(f"timed out after {seconds:g} s", task)
 
 

@@ -168,7 +168,7 @@ class GroupRunner:
             self.executor.start(held, task)
             try:
                 with job_context(held.job):
-                    refuse_awaitable(task(held.job, session))
+                    refuse_awaitable(task.run(held.job, session))
             except BaseException as exc:  # SystemExit from a handler is a failure too
                 if is_fatal_to_connection(exc):
                     connection.invalidate()  # type: ignore[attr-defined]

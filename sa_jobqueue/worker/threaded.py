@@ -40,7 +40,7 @@ from ..listener import Listener
 from ..periodic import PeriodicScheduler
 from ..registry import TaskRegistry
 from ..repository import DEFAULT_LEASE, JobRepository, check_repositories, default_worker_name
-from ..task import refuse_async_tasks
+from ..runnable import refuse_async_tasks
 from ..watchdog import Watchdog
 from .books import Books, WorkerResult
 from .completer import Completer

@@ -240,7 +240,7 @@ class TransactionMode:
             started, error = time.monotonic(), None
             try:
                 with job_context(job):
-                    refuse_awaitable(task(job, session))
+                    refuse_awaitable(task.run(job, session))
             except BaseException as exc:  # SystemExit from a handler is a failure too
                 error = exc
             finally:
@@ -304,7 +304,7 @@ class TransactionMode:
         savepoint = session.begin_nested()
         error: BaseException | None = None
         try:
-            refuse_awaitable(task(job, session))
+            refuse_awaitable(task.run(job, session))
             if held is None or not held.timed_out:
                 savepoint.commit()  # flushes the handler's writes inside the savepoint
                 return None, None

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sa_jobqueue.aio import AsyncWorker
 
 from .db import engine, get_session
-from .jobs import emails, tasks
+from .jobs import emails, send_welcome, tasks
 from .models import Base, User
 
 
@@ -47,7 +47,7 @@ async def signup(body: Signup, session: SessionDep) -> dict[str, int]:
             user = User(email=body.email)
             session.add(user)
             await session.flush()  # the user's id, and a duplicate email fails here
-            job = await emails.enqueue(session, "send_welcome", {"user_id": user.id}, queue="signup")
+            job = await send_welcome.enqueue_async(session, user.id)  # checked: send_welcome(user_id: int)
     except IntegrityError:
         raise HTTPException(409, f"{body.email} has signed up already") from None
     return {"user_id": user.id, "job_id": job.id}

@@ -1,6 +1,7 @@
 from flask import Blueprint, request
 
-from . import db, jobqueue
+from . import db
+from .jobs import send_welcome
 from .models import User
 
 bp = Blueprint("views", __name__)
@@ -11,6 +12,6 @@ def signup():
     user = User(email=request.form["email"])
     db.session.add(user)
     db.session.flush()  # the user's id
-    job = jobqueue.enqueue("send_welcome", {"user_id": user.id}, queue="signup")
+    job = send_welcome.enqueue(db.session, user.id)  # on queue "signup", the task's
     db.session.commit()  # the user and the job, together
     return {"user_id": user.id, "job_id": job.id}, 201
