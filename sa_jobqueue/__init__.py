@@ -27,6 +27,7 @@ from .errors import (
     WorkerStuckError,
 )
 from .job_context import JobContext
+from .middleware import HandlerCall
 from .mixin import JobMixin, job_table_args
 from .periodic import Periodic, PeriodicScheduler, create_periodic_table
 from .registry import TaskRegistry
@@ -45,6 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "STATUSES",
     "ConfiguredTask",
+    "HandlerCall",
     "InvalidArgumentError",
     "JobContext",
     "JobLostError",

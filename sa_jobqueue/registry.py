@@ -15,7 +15,7 @@ completion (exactly once); it must not commit or roll back the session.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
@@ -23,6 +23,7 @@ from .checks import check_name, check_timeout
 from .configured import check_repository
 from .errors import InvalidArgumentError
 from .job_context import JobContext
+from .middleware import Middleware, check_middleware
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from .schedule import Periodic, check_cron
 from .states import DEFAULT_QUEUE
@@ -45,14 +46,23 @@ class TaskRegistry:
     """Handlers by task name. One registry may serve several workers.
 
     ``repository``: the job table (a JobRepository) its tasks enqueue into
-    unless a task names its own."""
+    unless a task names its own. ``middleware``: the chain every handler of
+    the registry runs in, first outermost (:mod:`sa_jobqueue.middleware`);
+    :attr:`middleware` is that list, and :meth:`use` appends to it."""
 
-    def __init__(self, *, repository: Any = None) -> None:
+    def __init__(self, *, repository: Any = None, middleware: Sequence[Middleware] = ()) -> None:
         self._tasks: dict[str, Task[..., Any]] = {}
         self._periodic: list[Periodic] = []
         # @periodic applied before @task (written below it): resolved by handler later.
         self._pending: list[tuple[Handler, dict[str, Any]]] = []
         self.repository = None if repository is None else check_repository(repository)
+        #: The middleware chain, shared by every task of the registry (so :meth:`use` reaches them all).
+        self.middleware: list[Middleware] = check_middleware(middleware)
+
+    def use(self, middleware: Middleware) -> Middleware:
+        """Add ``middleware`` to the end of the chain (innermost); returns it, so that it can decorate."""
+        self.middleware.extend(check_middleware([middleware]))
+        return middleware
 
     def register(
         self,
@@ -96,7 +106,7 @@ class TaskRegistry:
         deadline = None if timeout is None else check_timeout("timeout", timeout)
         task: Task[P, R] = Task(
             name, handler, None, retry, max_attempts, batch_complete, deadline, group_commit,
-            self.repository if repository is None else repository, queue, priority)
+            self.repository if repository is None else repository, queue, priority, self.middleware)
         self._tasks[name] = task
         return task
 

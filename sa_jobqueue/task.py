@@ -8,7 +8,7 @@ on this module, not on the registry's decorators and schedules.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -17,6 +17,8 @@ from .arguments import Parameters, parameters_of
 from .checks import check_bool, check_name, check_timeout, int_between, positive_int
 from .configured import ConfiguredTask, JobOptions, check_repository
 from .errors import InvalidArgumentError
+from .job_context import JobContext
+from .middleware import HandlerCall, Middleware, call_through, call_through_async
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from .runnable import Tasks, refuse_async_tasks
 from .spec import JobSpec
@@ -66,6 +68,8 @@ class Task(Generic[P, R]):
     repository: Any = None
     queue: str = DEFAULT_QUEUE
     priority: int = 0
+    #: The middleware its handler runs in (:mod:`sa_jobqueue.middleware`): the registry's own list.
+    middleware: Sequence[Middleware] = field(default=(), compare=False, hash=False, repr=False)
 
     #: Whether the handler is an ``async def`` (run by :class:`~sa_jobqueue.aio.AsyncWorker` only).
     is_async: bool = field(init=False, repr=False, compare=False)
@@ -108,9 +112,18 @@ class Task(Generic[P, R]):
 
     def run(self, job: Any, session: Any) -> Any:
         """The worker's call: the handler for ``job``, with ``session`` (the
-        job's, or None) when it asks for one; returns what the handler returns
-        (a coroutine, for an ``async def``)."""
-        return self.parameters.call(self.handler, job, session)
+        job's, or None) when it asks for one, inside the middleware; returns
+        what the handler returns (a coroutine, for an ``async def``)."""
+        if not self.middleware:
+            return self.parameters.call(self.handler, job, session)
+        call = HandlerCall(self.name, JobContext(job), session if self.takes_session else None, self.is_async)
+
+        def invoke() -> Any:
+            return self.parameters.call(self.handler, job, session)
+
+        if self.is_async:
+            return call_through_async(self.middleware, call, invoke)
+        return call_through(self.middleware, call, invoke)
 
     def configure(
         self,

@@ -488,7 +488,7 @@ async def test_the_pages_worker_example_runs_its_handlers(default_table: tuple[s
     emails, example_engine = namespace["emails"], namespace["engine"]
     try:
         async with AsyncSession(example_engine) as session, session.begin():
-            welcome = await emails.enqueue(session, "send_welcome", {"user_id": 1}, queue="signup")
+            welcome = await emails.enqueue(session, "send_welcome", {"email": "ada@example.com"}, queue="signup")
         worker = AsyncWorker(example_engine, emails, namespace["tasks"], queues=["signup"], concurrency=100,
                              listen=False, poll_interval=0.05)
         result = await worker.run(until_empty=True)

@@ -15,6 +15,7 @@ PUBLIC_API = [
     "JobRepository", "JobSpec", "JobTableError", "LeaseReport", "QueueStats", "ReapResult", "RetryJob",
     "RetryPolicy", "Task", "TaskRegistry", "Worker", "WorkerResult", "WorkerStuckError", "job_table_args",
     "psycopg_url", "Periodic", "PeriodicScheduler", "create_periodic_table", "ConfiguredTask", "JobContext",
+    "HandlerCall",
 ]
 
 
