@@ -5,7 +5,7 @@ peak RSS each reports are its own::
 
     python benchmarks/child.py sajq     DSN --path a|b|c|g|t --concurrency C [--service] [--rss-at N,...] [--sleep S]
                                         [--record] [--pooler]
-    python benchmarks/child.py sajq-async DSN --path a|b|c|t --driver psycopg|asyncpg --concurrency C [--sleep S]
+    python benchmarks/child.py sajq-async DSN --path a|b|c|g|t --driver psycopg|asyncpg --concurrency C [--sleep S]
     python benchmarks/child.py textbook DSN --concurrency C
     python benchmarks/child.py batch    DSN --concurrency C [--service]
     python benchmarks/child.py produce-sajq | produce-raw DSN --jobs 200 --gap 0.02
@@ -26,7 +26,7 @@ Execution paths of the sa_jobqueue worker:
 * ``g``: path b's handler registered with ``group_commit=True`` (lease mode);
 * ``t``: the same in transaction mode (a SAVEPOINT per group, not per job).
 
-``sajq-async`` runs the asyncio worker (``AsyncWorker``) on paths a and b
+``sajq-async`` runs the asyncio worker (``AsyncWorker``) on the same paths
 with ``async def`` handlers; ``--sleep S`` makes each handler wait S seconds
 first (``asyncio.sleep``, or ``time.sleep`` in the thread worker): the
 I/O-bound workload.
@@ -203,7 +203,8 @@ def run_sajq(args: argparse.Namespace) -> dict[str, Any]:
 def run_sajq_async(args: argparse.Namespace) -> dict[str, Any]:
     """The asyncio worker: path a (an async def handler without session, batched
     completion), b (with the job's AsyncSession, one ledger row), c (b in
-    transaction mode) or t (c with ``group_commit=True``), on ``--driver``;
+    transaction mode), g (b with ``group_commit=True``: lease mode, its jobs
+    sharing transactions) or t (c with ``group_commit=True``), on ``--driver``;
     ``--sleep S``: each handler first awaits asyncio.sleep(S) (an I/O-bound job)."""
     import asyncio
     from dataclasses import asdict
@@ -237,7 +238,9 @@ def run_sajq_async(args: argparse.Namespace) -> dict[str, Any]:
                 stamps.record(job.id)
             await session.execute(add_ledger_row, {"job_id": job.id})
 
-    if args.path == "t":  # transaction mode, grouped commits: a SAVEPOINT per group, not per job
+    if args.path in ("g", "t"):  # grouped commits: a transaction per group (g), a SAVEPOINT per group (t)
+        if "group_commit" not in inspect.signature(tasks.register).parameters:
+            raise SystemExit("this sa_jobqueue has no grouped commits (group_commit)")
         tasks.register(TASK, bench, group_commit=True)
     else:
         tasks.register(TASK, bench)

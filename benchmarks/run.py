@@ -292,13 +292,15 @@ class Bench:
         self._drain(argv, kind, f"drain-{kind}-{concurrency}", profile=True)
 
     def drain_async(self, path: str, driver: str, concurrency: int) -> None:
-        """The asyncio worker on path 'a', 'b' or 'c' (cores with sa_jobqueue.aio.AsyncWorker)."""
+        """The asyncio worker on path 'a', 'b', 'c', 'g' or 't' (cores with sa_jobqueue.aio.AsyncWorker)."""
         import aio
 
-        if path == "t" and not has_group_commit():
+        if path in ("g", "t") and not has_group_commit():
             return
         if aio.has_async_worker():
             argv = ["sajq-async", "--path", path, "--driver", driver, "--concurrency", str(concurrency)]
+            if self.args.batch_size:  # as for the thread worker's paths
+                argv += ["--batch-size", str(self.args.batch_size)]
             self._drain(argv, path, f"drain-async-{path}-{driver}-{concurrency}", profile=True)
 
     def io(self) -> None:
@@ -476,7 +478,8 @@ def run(args: argparse.Namespace) -> int:
                             log(f"  drain {kind} C={concurrency}")
                             bench.timed(workload, lambda k=kind, c=concurrency: bench.drain(k, c))
                     if bench.wanted("drain-async"):
-                        for path, driver in [(p, d) for p in ("a", "b", "c", "t") for d in ("psycopg", "asyncpg")]:
+                        for path, driver in [(p, d) for p in ("a", "b", "c", "g", "t")
+                                             for d in ("psycopg", "asyncpg")]:
                             log(f"  drain async {path} {driver} C={concurrency}")
                             bench.timed("drain-async", lambda p=path, d=driver, c=concurrency:
                                         bench.drain_async(p, d, c))
@@ -576,6 +579,7 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
         for path, text in (("a", "async def handler without session"),
                            ("b", "async def handler, ledger row in the job's AsyncSession"),
                            ("c", "transaction mode, the same ledger handler"),
+                           ("g", "lease mode, path (b)'s handler with group_commit=True"),
                            ("t", "transaction mode, the same handler with group_commit=True")):
             for driver in ("psycopg", "asyncpg"):
                 for c in args.concurrency:

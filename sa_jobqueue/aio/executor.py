@@ -117,9 +117,9 @@ class AsyncJobExecutor:
                 loop = asyncio.get_running_loop()
                 await loop.run_in_executor(self.threads, contextvars.copy_context().run, task.run, held.job, None)
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError) and not self._cancelled_by_us(held):
+            if isinstance(exc, asyncio.CancelledError) and not held.cancelled_by_worker():
                 raise
-            await self._after_failure(held, task, exc)
+            await self.after_failure(held, task, exc)
             return
         if await self._fenced_late(held):
             return
@@ -172,7 +172,7 @@ class AsyncJobExecutor:
                     await in_greenlet(hand_back, ctx, [held])
                     return
                 except Exception as exc:
-                    await self._hand_back_unstarted(held, exc)
+                    await self.hand_back_unstarted([held], exc)
                     return
                 finally:
                     held.connecting_since = None
@@ -211,19 +211,10 @@ class AsyncJobExecutor:
             ctx.books.count("lost")
             return
         except BaseException as exc:
-            cancelled = isinstance(exc, asyncio.CancelledError)
-            if cancelled and held.backend_pid is not None:
-                # Closing the connection would not stop the server: a statement
-                # runs on (holding its locks) until it next writes to the socket.
-                await cancel_backend(ctx, held.backend_pid)
-            if cancelled or is_fatal_to_connection(exc):
-                # Interrupted mid-statement perhaps: never hand this connection to the next job.
-                await _discard(connection)
-            else:
-                await session.rollback()
-            if cancelled and not self._cancelled_by_us(held):
+            await self.roll_back(session, connection, held.backend_pid, exc)
+            if isinstance(exc, asyncio.CancelledError) and not held.cancelled_by_worker():
                 raise
-            await self._after_failure(held, task, exc)
+            await self.after_failure(held, task, exc)
             return
         ctx.books.count("completed")
         signals.send(signals.job_succeeded, ctx.sender, job=job, duration=time.monotonic() - (held.started or 0.0))
@@ -233,10 +224,21 @@ class AsyncJobExecutor:
     def _start(self, held: Held, task: RunnableTask) -> None:
         start_job(self.ctx, held, task)
 
-    @staticmethod
-    def _cancelled_by_us(held: Held) -> bool:
-        """A CancelledError the worker caused (a deadline, a cancel request, a stop), not the caller's."""
-        return held.timed_out or held.cancel_requested or held.interrupted
+    async def roll_back(self, session: AsyncSession, connection: AsyncConnection, pid: int | None,
+                        exc: BaseException) -> None:
+        """A job's (or a group's) transaction ended in ``exc``: roll it back. A
+        cancelled coroutine's statement is cancelled on the server too (closing
+        the connection would not stop it: a statement runs on, holding its
+        locks, until it next writes to the socket), and its connection,
+        interrupted mid-statement perhaps, is discarded, as one a fatal error
+        broke: it never serves the next job."""
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        if cancelled and pid is not None:
+            await cancel_backend(self.ctx, pid)
+        if cancelled or is_fatal_to_connection(exc):
+            await _discard(connection)
+        else:
+            await session.rollback()
 
     async def _fenced_late(self, held: Held, session: AsyncSession | None = None) -> bool:
         """As the thread worker's: True when the outcome was settled elsewhere
@@ -247,37 +249,39 @@ class AsyncJobExecutor:
         elif held.cancel_requested:
             await in_greenlet(self.steps.finish_cancelled, held)
         elif held.interrupted:
-            await self._record_interrupted(held)
+            await self.record_interrupted(held)
         else:
             return False
         if session is not None:
             await session.rollback()
         return True
 
-    async def _after_failure(self, held: Held, task: RunnableTask, exc: BaseException) -> None:
+    async def after_failure(self, held: Held, task: RunnableTask, exc: BaseException) -> None:
+        """The handler of ``held`` raised ``exc``: record the failure, unless its outcome is settled already."""
         if await self._fenced_late(held):
             return
         log.info("worker %s: job %s (%s) failed: %r", self.ctx.name, held.job.id, held.job.task, exc)
         duration = time.monotonic() - (held.started or 0.0)
         await in_greenlet(self.steps.record, held, failure_of(held.job, task, exc), exc, duration)
 
-    async def _record_interrupted(self, held: Held) -> None:
+    async def record_interrupted(self, held: Held) -> None:
+        """A stop's interrupt cancelled the handler of ``held``: a failed attempt, retried by its task's policy."""
         task = self.ctx.tasks.get(held.job.task)
         failure = Failure(f"interrupted: the worker {self.ctx.name} stopped while the job ran "
                           f"(its shutdown_timeout of {self.ctx.options.shutdown_timeout.total_seconds():g} s passed)",
                           task)
         await in_greenlet(self.steps.record, held, failure, None, time.monotonic() - (held.started or 0.0))
 
-    async def _hand_back_unstarted(self, held: Held, exc: Exception) -> None:
-        ctx, job = self.ctx, held.job
+    async def hand_back_unstarted(self, held: list[Held], exc: Exception) -> None:
+        """The session of ``held`` (one job, or a group) could not connect: hand them back, unstarted, and back off."""
+        ctx, ids = self.ctx, ", ".join(str(h.job.id) for h in held)
         if isinstance(exc, sa_exc.TimeoutError):
-            log.error("worker %s: job %s could not get a connection: the jobs' pool is exhausted; this worker's "
-                      "running jobs hold %s of them. The job is handed back unstarted.", ctx.name, job.id,
-                      ctx.sessions_open)
+            log.error("worker %s: job(s) %s could not get a connection: the jobs' pool is exhausted; this worker's "
+                      "running jobs hold %s of them. Handed back unstarted.", ctx.name, ids, ctx.sessions_open)
         else:
-            log.error("worker %s: job %s could not connect (%r); it is handed back unstarted", ctx.name, job.id, exc)
+            log.error("worker %s: job(s) %s could not connect (%r); handed back unstarted", ctx.name, ids, exc)
         ctx.back_off()
-        await in_greenlet(hand_back, ctx, [held])
+        await in_greenlet(hand_back, ctx, held)
 
 
 async def cancel_backend(ctx: WorkerContext, pid: int) -> None:

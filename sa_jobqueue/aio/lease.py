@@ -3,7 +3,9 @@
 As in the thread worker (:mod:`sa_jobqueue.worker.lease`), claims commit
 at once on the worker's own autocommit connections, up to CLAIMERS in
 flight (CLAIMERS); each claimed job is held (its lease extended by the heartbeat)
-and runs as a task of its own (:class:`~sa_jobqueue.aio.slots.JobSlots`).
+and runs as a task of its own (:class:`~sa_jobqueue.aio.slots.JobSlots`), or,
+for the ``async def`` handlers of ``group_commit`` tasks, in groups, a task
+and a transaction each (:mod:`~sa_jobqueue.aio.group`).
 The claim, heartbeat and hand-back statements are the thread worker's own
 steps, run through :func:`~sa_jobqueue.aio.bridge.in_greenlet`.
 
@@ -19,7 +21,8 @@ What happens to a held job from outside its task:
 * a stop: the jobs claimed but not started are handed back at once,
   fenced, their attempt not spent; at the ``shutdown_timeout`` the
   coroutines still running are cancelled, each recorded as an interrupted
-  attempt (:mod:`~sa_jobqueue.aio.executor`).
+  attempt (:mod:`~sa_jobqueue.aio.executor`); a group runs no further
+  handler once the worker stops, and hands back the jobs that did not run.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from ..worker.books import Held
 from ..worker.context import WorkerContext
 from ..worker.deadlines import record_timeout
 from ..worker.executor import hand_back
+from ..worker.group import group_sizes
 from ..worker.heartbeat import heartbeat, request_cancel
 from .bridge import in_greenlet
 from .executor import AsyncJobExecutor, cancel_backend
+from .group import AsyncGroupRunner, runs_grouped
 from .slots import JobSlots
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -47,11 +52,20 @@ __all__ = ["AsyncLeaseMode"]
 class AsyncLeaseMode:
     """The lease-mode strategy of the asyncio worker's loop."""
 
-    def __init__(self, ctx: WorkerContext, executor: AsyncJobExecutor, wake: Callable[[], None]) -> None:
+    def __init__(self, ctx: WorkerContext, executor: AsyncJobExecutor, wake: Callable[[], None],
+                 sessions: int | None = None, stopping: asyncio.Event | None = None) -> None:
+        """``sessions``: how many jobs may hold a session at once (``max_sessions``), and so run a
+        group; ``stopping``: the worker's, set when a stop is asked for."""
         self.ctx = ctx
         self.executor = executor
         self.wake = wake
-        self.slots = JobSlots(ctx.options.concurrency, executor.run, on_done=self._slot_done)
+        self.stopping = stopping or asyncio.Event()
+        self.groups = AsyncGroupRunner(executor, self.stopping)
+        self.slots = JobSlots(ctx.options.concurrency, executor.run, on_done=self._slot_done,
+                              run_group=self.groups.run)
+        # A claim's grouped jobs are spread over the groups that can run at
+        # once: one per slot, as in the thread worker, but each holds a session.
+        self._spread = min(ctx.options.concurrency, sessions or ctx.options.concurrency)
         self.claiming: set[asyncio.Task[bool]] = set()
         self._hits = self._misses = 0
         self._side_tasks: set[asyncio.Task[Any]] = set()  # time-outs and hand backs run by the watch
@@ -96,8 +110,7 @@ class AsyncLeaseMode:
                 jobs = await in_greenlet(self._claim, repo, ask - got)
                 took += time.monotonic() - start
                 got += len(jobs)  # committed: ours now
-                for job in jobs:
-                    self.slots.submit(ctx.books.hold(repo, job))
+                self._submit(repo, jobs)
             seconds = took
         except Exception:
             log.exception("worker %s: claim failed; retrying after a pause", ctx.name)
@@ -113,6 +126,23 @@ class AsyncLeaseMode:
                 self.claiming.discard(current)
             self.wake()
         return got > 0
+
+    def _submit(self, repo: Any, jobs: list[Any]) -> None:
+        """Queue claimed jobs for the slots: one task per job, but the jobs of
+        ``group_commit`` tasks with an ``async def`` handler in groups, one task
+        and one transaction each."""
+        ctx, grouped = self.ctx, []
+        for job in jobs:
+            held = ctx.books.hold(repo, job)
+            if runs_grouped(ctx.tasks, job):
+                grouped.append(held)
+            else:
+                self.slots.submit(held)
+        start = 0
+        for size in group_sizes(len(grouped), self._spread):
+            group = grouped[start:start + size]
+            start += size
+            self.slots.submit(group if size > 1 else group[0])
 
     def _claim(self, repo: Any, limit: int) -> list[Any]:
         ctx = self.ctx
@@ -163,7 +193,7 @@ class AsyncLeaseMode:
         """A job's session stalled in the pool's checkout (a pre-ping on a
         half-open path, before the job holds the connection, so the watchdog
         cannot see it): cancel its wait; the job hands itself back, unstarted."""
-        for task, held in self.slots.running.items():
+        for task, held in self.slots.members():
             if (held.started is None and not held.gave_up and held.connecting_since is not None
                     and now - held.connecting_since >= stall):
                 held.gave_up = True
@@ -196,12 +226,14 @@ class AsyncLeaseMode:
 
     async def stop_claiming(self, until: float) -> None:
         """Wait for the claims in flight, then hand back at once the jobs not started
-        (those in the ready queue, and those waiting for a session)."""
+        (those in the ready queue, and those waiting for a session); running
+        groups start no further handler."""
+        self.stopping.set()
         loop = asyncio.get_running_loop()
         if self.claiming:
             await asyncio.wait(set(self.claiming), timeout=max(0.0, until - loop.time()))
         unstarted = self.slots.take_unstarted()
-        for task, held in list(self.slots.running.items()):
+        for task, held in self.slots.members():
             if held.started is None and held.connecting_since is not None:
                 task.cancel()  # waiting for a session: it hands itself back
         if unstarted:
@@ -210,13 +242,18 @@ class AsyncLeaseMode:
                      ", ".join(str(h.job.id) for h in unstarted))
 
     def interrupt(self) -> int:
-        """The shutdown timeout passed: cancel the coroutines still running; return how many."""
+        """The shutdown timeout passed: cancel the coroutines still running
+        (a group's once, all its jobs marked); return how many jobs they run."""
+        self.stopping.set()
+        tasks: set[asyncio.Task[Any]] = set()
         count = 0
-        for held in list(self.slots.running.values()):
+        for _, held in self.slots.members():
             if held.task is not None and not held.finished:
                 held.interrupted = True
-                held.task.cancel()
+                tasks.add(held.task)
                 count += 1
+        for task in tasks:
+            task.cancel()
         return count
 
     def abort(self) -> None:

@@ -188,7 +188,7 @@ class AsyncWorker(WorkerFace):
         executor = AsyncJobExecutor(ctx, self._sessions, threads, in_thread, asyncio.Semaphore(self.max_sessions),
                                     watch.watch_job)
         mode: AsyncLeaseMode | AsyncTransactionMode = (
-            AsyncLeaseMode(ctx, executor, wake.set) if self.options.mode == "lease"
+            AsyncLeaseMode(ctx, executor, wake.set, self.max_sessions, stopping) if self.options.mode == "lease"
             else AsyncTransactionMode(ctx, self._sessions, threads, stopping, wake.set, watch.watch_job))
         restore = install_signal_handlers(loop, self._signalled) if handle_signals else (lambda: None)
         listener = self._start_listener(mode) if self.options.listen and not until_empty else None

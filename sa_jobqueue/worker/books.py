@@ -64,6 +64,12 @@ class Held:
     # job's for as long as the lock is held.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    def cancelled_by_worker(self) -> bool:
+        """Whether the worker ended its run from outside (a deadline, a cancel
+        request, a stop's interrupt): in the asyncio worker, a CancelledError
+        of the job's coroutine is then the worker's own, not its caller's."""
+        return self.timed_out or self.cancel_requested or self.interrupted
+
 
 class Books:
     """Thread-safe counts and held jobs of one worker."""
