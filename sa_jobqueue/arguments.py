@@ -40,7 +40,7 @@ from .errors import InvalidArgumentError
 from .job_context import JobContext
 from .payloads import check_payload
 
-__all__ = ["Parameters", "describe", "is_async_session_type", "parameters_of"]
+__all__ = ["Parameters", "describe", "is_async_session_type", "parameters_of", "returns_value"]
 
 Form = Literal["job", "arguments"]
 Injected = Literal["context", "session"]
@@ -182,6 +182,17 @@ def parameters_of(
                      for p in rest)
     return Parameters("arguments", "session" in injected, tuple(injected), signature.replace(parameters=rest),
                       by_keyword)
+
+
+def returns_value(handler: Callable[..., Any]) -> bool:
+    """Whether ``handler`` is annotated to return something other than None."""
+    try:
+        annotation = inspect.signature(handler).return_annotation
+    except (ValueError, TypeError):
+        return False
+    if annotation is inspect.Signature.empty or annotation is None or annotation is type(None):
+        return False
+    return not (isinstance(annotation, str) and annotation.strip() in ("None", "NoReturn", "Never"))
 
 
 def describe(signature: inspect.Signature) -> str:

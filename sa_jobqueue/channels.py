@@ -25,3 +25,10 @@ def cancel_channel_name(table_name: str) -> str:
     63 bytes for the longest job table name.
     """
     return f"{CHANNEL_PREFIX}cancel:{table_name}"
+
+
+def results_channel_name(table_name: str) -> str:
+    """The NOTIFY channel of a job table's stored results: each notification's
+    payload is the comma-separated ids of the jobs whose results a transaction
+    stored (see :mod:`sa_jobqueue.results`); quoted like :func:`cancel_channel_name`."""
+    return f"{CHANNEL_PREFIX}done:{table_name}"

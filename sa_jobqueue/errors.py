@@ -10,6 +10,10 @@
     ├── JobLostError                   a fenced write found the job no longer
     │                                  owned by the caller (lease expired and
     │                                  the job was reaped or re-claimed)
+    ├── JobFailedError                 a result was asked of a dead or cancelled job
+    ├── ResultNotReadyError            a result was asked of an unfinished job
+    ├── ResultTimeoutError             no result within the wait's timeout (also a TimeoutError)
+    ├── JobNotFoundError               no such job (also a LookupError)
     └── WorkerStuckError               Worker.run() gave up: more threads are
                                        stuck in handlers past their deadline
                                        than max_stuck_slots allows
@@ -71,6 +75,45 @@ class JobLostError(JobQueueError):
         )
         self.job_id = job_id
         self.verb = verb
+
+
+class JobFailedError(JobQueueError):
+    """The job whose result was asked for ended without one: ``dead`` (its
+    attempts spent, or discarded) or ``cancelled``. ``error`` is its last
+    error, as stored (the traceback of the last failed attempt)."""
+
+    def __init__(self, job_id: int, status: str, error: str | None) -> None:
+        last = (error or "").strip().splitlines()
+        super().__init__(f"job {job_id} is {status}" + (f": {last[-1]}" if last else ""))
+        self.job_id = job_id
+        self.status = status
+        self.error = error
+
+
+class ResultNotReadyError(JobQueueError):
+    """The job whose result was asked for has not finished (pending or running)."""
+
+    def __init__(self, job_id: int, status: str) -> None:
+        super().__init__(f"job {job_id} is {status}: no result yet")
+        self.job_id = job_id
+        self.status = status
+
+
+class ResultTimeoutError(JobQueueError, TimeoutError):
+    """Waiting for a job's result took longer than the ``timeout`` given; the job runs on."""
+
+    def __init__(self, job_id: int, timeout: float) -> None:
+        super().__init__(f"job {job_id}: no result within {timeout:g} s")
+        self.job_id = job_id
+
+
+class JobNotFoundError(JobQueueError, LookupError):
+    """No job of that id is in the table: never enqueued there, purged, or
+    completed on a table that deletes finished jobs (which keeps no result)."""
+
+    def __init__(self, job_id: int, table: str) -> None:
+        super().__init__(f"job {job_id} is not in {table} (purged, or its table does not keep finished jobs)")
+        self.job_id = job_id
 
 
 class WorkerStuckError(JobQueueError):

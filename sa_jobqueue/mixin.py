@@ -192,6 +192,12 @@ class JobMixin:
     # a completion (fail, hand_back, reap) ends it cancelled. Last, so that a
     # table migrated by ADD COLUMN has the columns of a fresh create_all.
     cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # What the handler returned (sa_jobqueue.results), on tables that keep
+    # finished jobs; NULL otherwise. Last, for the reason above.
+    result: Mapped[Any | None] = mapped_column(JSON().with_variant(JSONB(), "postgresql"))
+    # What travels with a job besides its payload, written at enqueue (a JSON
+    # object or NULL): the trace context of the enqueuing code, for one.
+    meta: Mapped[Any | None] = mapped_column(JSON().with_variant(JSONB(), "postgresql"))
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from .arguments import Parameters, parameters_of
+from .arguments import Parameters, parameters_of, returns_value
 from .checks import check_bool, check_name, check_timeout, int_between, positive_int
 from .configured import ConfiguredTask, JobOptions, check_repository
 from .errors import InvalidArgumentError
@@ -75,6 +75,8 @@ class Task(Generic[P, R]):
     is_async: bool = field(init=False, repr=False, compare=False)
     #: How the worker calls the handler, and what :meth:`enqueue` takes.
     parameters: Parameters = field(init=False, repr=False, compare=False)
+    #: Whether the handler is annotated to return a value (not None): its result is then stored even when None.
+    returns_result: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_task(self.name, self.handler, self.retry, self.max_attempts, self.batch_complete, self.timeout,
@@ -101,6 +103,7 @@ class Task(Generic[P, R]):
         object.__setattr__(self, "takes_session", parameters.takes_session)
         object.__setattr__(self, "is_async", is_async)
         object.__setattr__(self, "parameters", parameters)
+        object.__setattr__(self, "returns_result", returns_value(self.handler))
 
     @property
     def completes_in_batch(self) -> bool:
@@ -158,6 +161,17 @@ class Task(Generic[P, R]):
     def spec(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec:
         """A job of this task as a :class:`~sa_jobqueue.JobSpec`, for ``enqueue_many``."""
         return self._plain.spec(*args, **kwargs)
+
+    def result(self, session: Any, job_id: int) -> R:
+        """The stored result of job ``job_id`` of this task's table (:func:`sa_jobqueue.results.read_result`):
+        its value when done; raises :class:`~sa_jobqueue.JobFailedError` when it is dead or cancelled,
+        :class:`~sa_jobqueue.ResultNotReadyError` while it runs or waits."""
+        from .results import read_result
+
+        if self.repository is None:
+            raise InvalidArgumentError("repository", f"task {self.name!r} has no job table to read results from")
+        value: R = read_result(session, self.repository.model, job_id)
+        return value
 
     @property
     def _plain(self) -> ConfiguredTask[P, R]:

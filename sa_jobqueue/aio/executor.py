@@ -41,6 +41,7 @@ from .. import signals
 from ..connections import driver_backend_pid, is_fatal_to_connection
 from ..errors import JobLostError
 from ..logs import job_context
+from ..results import result_to_store, store_results
 from ..runnable import RunnableTask
 from ..worker.books import Held
 from ..worker.context import READ_COMMITTED, WorkerContext
@@ -110,12 +111,14 @@ class AsyncJobExecutor:
             if task.is_async:
                 held.task = asyncio.current_task()
                 try:
-                    await task.run(held.job, None)
+                    value = await task.run(held.job, None)
                 finally:
                     held.task = None
             else:
                 loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self.threads, contextvars.copy_context().run, task.run, held.job, None)
+                value = await loop.run_in_executor(self.threads, contextvars.copy_context().run, task.run, held.job,
+                                                   None)
+            stored = result_to_store(task, held.repo, value)
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError) and not held.cancelled_by_worker():
                 raise
@@ -124,11 +127,11 @@ class AsyncJobExecutor:
         if await self._fenced_late(held):
             return
         duration = time.monotonic() - (held.started or 0.0)
-        if task.batch_complete:
+        if task.batch_complete and stored is None:
             self.ctx.completer.add(held.repo, held.job, duration)
             return
         try:
-            await in_greenlet(self._complete_alone, held)
+            await in_greenlet(self._complete_alone, held, stored)
         except JobLostError as lost:
             log.warning("worker %s: %s", self.ctx.name, lost)
             self.ctx.books.count("lost")
@@ -139,10 +142,10 @@ class AsyncJobExecutor:
         self.ctx.books.count("completed")
         signals.send(signals.job_succeeded, self.ctx.sender, job=held.job, duration=duration)
 
-    def _complete_alone(self, held: Held) -> None:
+    def _complete_alone(self, held: Held, stored: str | None) -> None:
         self.ctx.books.release(held.job)
         with self.ctx.control() as session:
-            held.repo.complete(session, held.job)
+            _complete(session, held.repo, held.job, stored)
 
     async def _sync_in_session(self, held: Held, task: RunnableTask) -> None:
         if self.in_thread is None:
@@ -193,7 +196,7 @@ class AsyncJobExecutor:
         try:
             held.task = asyncio.current_task()
             try:
-                await task.run(job, session)
+                stored = result_to_store(task, repo, await task.run(job, session))
                 # The handler's pending writes go first, so that their errors
                 # count as the handler's failure.
                 await session.flush()
@@ -202,7 +205,7 @@ class AsyncJobExecutor:
             if await self._fenced_late(held, session):
                 return
             ctx.books.release(job)
-            await session.run_sync(lambda s: repo.complete(s, job))
+            await session.run_sync(lambda s: _complete(s, repo, job, stored))
             with watch.in_flight():  # a COMMIT stalled on the network is the watchdog's too
                 await session.commit()
         except JobLostError as lost:
@@ -294,6 +297,13 @@ async def cancel_backend(ctx: WorkerContext, pid: int) -> None:
         await in_greenlet(cancel)
     except Exception:
         log.exception("worker %s: cancelling the statement of server process %s failed", ctx.name, pid)
+
+
+def _complete(session: Any, repo: Any, job: Any, stored: str | None) -> None:
+    """The fenced completion of ``job``, and its encoded result when there is one (one transaction)."""
+    repo.complete(session, job)
+    if stored is not None:
+        store_results(session, repo.table, {job.id: stored})
 
 
 async def _discard(connection: AsyncConnection) -> None:

@@ -45,6 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 from .. import signals
 from ..connections import driver_backend_pid, is_fatal_to_connection
 from ..logs import job_context
+from ..results import result_to_store, store_results
 from ..runnable import RunnableTask
 from ..worker.context import READ_COMMITTED, WorkerContext
 from ..worker.failures import failure_of, record_failure, refuse_awaitable, timeout_failure
@@ -194,6 +195,7 @@ class AsyncTransactionMode:
         ctx = self.ctx
         savepoint = await session.begin_nested()
         ran: list[tuple[Any, float]] = []
+        results: dict[int, str] = {}
         culprit: tuple[Any, RunnableTask, Exception | None, float] | None = None  # error None: the deadline passed
         for job in group:
             if self.stopping.is_set():
@@ -205,7 +207,11 @@ class AsyncTransactionMode:
             started = time.monotonic()
             try:
                 with job_context(job):
-                    await self._call(task, job, session, None if timeout is None else timeout.total_seconds(), pid)
+                    value = await self._call(task, job, session, None if timeout is None else timeout.total_seconds(),
+                                             pid)
+                stored = result_to_store(task, repo, value)
+                if stored is not None:
+                    results[job.id] = stored
             except _Timeout:
                 culprit = (job, task, None, time.monotonic() - started)
                 break
@@ -216,6 +222,7 @@ class AsyncTransactionMode:
         rest = group[len(ran) + (culprit is not None):]
         if culprit is None:
             try:
+                await session.run_sync(store_results, repo.table, results)
                 await savepoint.commit()  # flushes the group's writes
             except Exception as exc:
                 await savepoint.rollback()
@@ -254,7 +261,10 @@ class AsyncTransactionMode:
         savepoint = await session.begin_nested()
         error: Exception | None = None
         try:
-            await self._call(task, job, session, None if timeout is None else timeout.total_seconds(), pid)
+            value = await self._call(task, job, session, None if timeout is None else timeout.total_seconds(), pid)
+            stored = result_to_store(task, repo, value)
+            if stored is not None:  # kept through the batch's completion; notified at its commit
+                await session.run_sync(store_results, repo.table, {job.id: stored})
             await savepoint.commit()  # flushes the handler's writes inside the savepoint
             return None, None
         except _Timeout:
@@ -283,9 +293,9 @@ class AsyncTransactionMode:
         return status
 
     async def _call(self, task: RunnableTask, job: Any, session: AsyncSession, seconds: float | None,
-                    pid: int | None) -> None:
-        """Run the handler (as a task of its own when it has a deadline); raise
-        :class:`_Timeout` when the deadline passed, whatever it did."""
+                    pid: int | None) -> Any:
+        """Run the handler (as a task of its own when it has a deadline) and return what it returned;
+        raise :class:`_Timeout` when the deadline passed, whatever it did."""
         if not task.is_async and task.takes_session:
             call: Any = session.run_sync(lambda s: refuse_awaitable(task.run(job, s)))
         elif not task.is_async:
@@ -294,8 +304,7 @@ class AsyncTransactionMode:
         else:
             call = task.run(job, session)
         if seconds is None:
-            await call
-            return
+            return await call
         handler = asyncio.ensure_future(call)
         done, _ = await asyncio.wait({handler}, timeout=seconds)
         if not done:
@@ -308,7 +317,7 @@ class AsyncTransactionMode:
             if not handler.cancelled():
                 handler.exception()  # retrieved: whatever it raised, the deadline decides
             raise _Timeout
-        handler.result()  # its own error, if any
+        return handler.result()  # its own error, if any
 
     # -- stopping ----------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from ..connections import backend_pid, is_fatal_to_connection
 from ..errors import JobLostError
 from ..inflight import ConnectionWatch
 from ..logs import job_context
+from ..results import result_to_store, store_results
 from .books import Held
 from .context import WorkerContext
 from .failures import Failure, failure_of, record_failure, refuse_awaitable
@@ -77,12 +78,16 @@ class JobExecutor:
         if task.completes_in_batch:
             self.start(held, task)
             try:
-                refuse_awaitable(task.run(job, None))
+                stored = result_to_store(task, repo, refuse_awaitable(task.run(job, None)))
             except BaseException as exc:  # SystemExit from a handler is a failure too
                 self.after_failure(held, task, exc)
                 return
-            if not self.fenced_late(held):
+            if self.fenced_late(held):
+                return
+            if stored is None:
                 ctx.completer.add(repo, job, time.monotonic() - (held.started or 0.0))
+            else:  # a result to store: its completion is not batched
+                complete_with_result(ctx, held, stored)
             return
         held.thread = threading.get_ident()
         held.connecting_since = time.monotonic()  # the lease mode's watch gives up on a stalled checkout
@@ -121,7 +126,7 @@ class JobExecutor:
         ctx, repo, job = self.ctx, held.repo, held.job
         self.start(held, task)
         try:
-            refuse_awaitable(task.run(job, session))
+            stored = result_to_store(task, repo, refuse_awaitable(task.run(job, session)))
             # The handler's pending writes go first, so that their errors
             # count as the handler's failure.
             session.flush()
@@ -130,6 +135,8 @@ class JobExecutor:
                 return
             ctx.books.release(job)
             repo.complete(session, job)
+            if stored is not None:
+                store_results(session, repo.table, {job.id: stored})
             with watch.in_flight():  # a COMMIT stalled on the network is the watchdog's too
                 session.commit()
         except JobLostError as lost:
@@ -261,3 +268,22 @@ def hand_back(ctx: WorkerContext, held: list[Held]) -> int:
             ctx.hand_back_later([ctx.books.hold(h.repo, h.job) for h in mine])  # their leases extended meanwhile
     ctx.books.count("handed_back", total)
     return total
+
+
+def complete_with_result(ctx: WorkerContext, held: Held, stored: str) -> None:
+    """Complete a job without a session of its own, with its encoded result, in a transaction of its own."""
+    job = held.job
+    ctx.books.release(job)
+    try:
+        with ctx.control() as session:
+            held.repo.complete(session, job)
+            store_results(session, held.repo.table, {job.id: stored})
+    except JobLostError as lost:
+        log.warning("worker %s: %s", ctx.name, lost)
+        ctx.books.count("lost")
+        return
+    except Exception:
+        log.exception("worker %s: completing job %s failed; its lease will expire", ctx.name, job.id)
+        return
+    ctx.books.count("completed")
+    signals.send(signals.job_succeeded, ctx.sender, job=job, duration=time.monotonic() - (held.started or 0.0))

@@ -55,8 +55,8 @@ def unknown_task_error(job: Any, tasks: Iterable[RunnableTask]) -> str:
     return f"unknown task {job.task!r}: no handler is registered for it in this worker (registered: {known})"
 
 
-def refuse_awaitable(value: object) -> None:
-    """Raise :class:`HandlerReturnedAwaitable` if a handler's return value is awaitable.
+def refuse_awaitable(value: object) -> Any:
+    """Return a handler's return value; raise :class:`HandlerReturnedAwaitable` if it is awaitable.
 
     A coroutine is closed first, so Python does not warn that it was never awaited.
     """
@@ -68,6 +68,7 @@ def refuse_awaitable(value: object) -> None:
             f"the handler returned {type(value).__name__}, an awaitable this worker cannot run; "
             "an async def handler needs sa_jobqueue.aio.AsyncWorker"
         )
+    return value
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from .. import signals
 from ..connections import backend_pid, is_fatal_to_connection
 from ..inflight import ConnectionWatch
 from ..logs import job_context
+from ..results import result_to_store, store_results
 from .books import Held
 from .context import WorkerContext
 from .failures import refuse_awaitable
@@ -162,13 +163,16 @@ class GroupRunner:
     def _attempt(self, group: list[Held], session: Session, connection: object, watch: ConnectionWatch) -> list[Held]:
         ctx, repo = self.ctx, group[0].repo
         started = time.monotonic()
+        results: dict[int, str] = {}
         for held in group:
             task = ctx.tasks.get(held.job.task)
             assert task is not None  # the claim grouped the job for its task's group_commit
             self.executor.start(held, task)
             try:
                 with job_context(held.job):
-                    refuse_awaitable(task.run(held.job, session))
+                    stored = result_to_store(task, repo, refuse_awaitable(task.run(held.job, session)))
+                if stored is not None:
+                    results[held.job.id] = stored
             except BaseException as exc:  # SystemExit from a handler is a failure too
                 if is_fatal_to_connection(exc):
                     connection.invalidate()  # type: ignore[attr-defined]
@@ -189,6 +193,7 @@ class GroupRunner:
         if len(done) < len(group):
             session.rollback()
             return self._lost(group, done)
+        store_results(session, repo.table, results)
         with watch.in_flight():  # a COMMIT stalled on the network is the watchdog's too
             session.commit()
         ctx.books.count("completed", len(group))

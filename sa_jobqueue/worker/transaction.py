@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 from .. import signals
 from ..connections import backend_pid, is_fatal_to_connection
 from ..logs import job_context
+from ..results import result_to_store, store_results
 from .books import Held
 from .context import READ_COMMITTED, WorkerContext
 from .deadlines import check_stuck, grace
@@ -228,6 +229,7 @@ class TransactionMode:
         ctx = self.ctx
         savepoint = session.begin_nested()
         ran: list[tuple[Any, float]] = []
+        results: dict[int, str] = {}
         culprit: tuple[Any, Any, Held | None, BaseException | None, float] | None = None
         for job in group:
             if ctx.stopping.is_set():
@@ -240,7 +242,9 @@ class TransactionMode:
             started, error = time.monotonic(), None
             try:
                 with job_context(job):
-                    refuse_awaitable(task.run(job, session))
+                    stored = result_to_store(task, repo, refuse_awaitable(task.run(job, session)))
+                if stored is not None:
+                    results[job.id] = stored
             except BaseException as exc:  # SystemExit from a handler is a failure too
                 error = exc
             finally:
@@ -252,6 +256,7 @@ class TransactionMode:
         rest = group[len(ran) + (culprit is not None):]
         if culprit is None:
             try:
+                store_results(session, repo.table, results)
                 savepoint.commit()  # flushes the group's writes
             except Exception as exc:
                 savepoint.rollback()
@@ -304,8 +309,10 @@ class TransactionMode:
         savepoint = session.begin_nested()
         error: BaseException | None = None
         try:
-            refuse_awaitable(task.run(job, session))
+            stored = result_to_store(task, repo, refuse_awaitable(task.run(job, session)))
             if held is None or not held.timed_out:
+                if stored is not None:  # kept through the batch's completion; notified at its commit
+                    store_results(session, repo.table, {job.id: stored})
                 savepoint.commit()  # flushes the handler's writes inside the savepoint
                 return None, None
         except BaseException as exc:  # SystemExit from a handler is a failure too
