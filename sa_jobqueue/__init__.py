@@ -20,9 +20,13 @@
 from .configured import ConfiguredTask
 from .errors import (
     InvalidArgumentError,
+    JobFailedError,
     JobLostError,
+    JobNotFoundError,
     JobQueueError,
     JobTableError,
+    ResultNotReadyError,
+    ResultTimeoutError,
     RetryJob,
     WorkerStuckError,
 )
@@ -33,6 +37,7 @@ from .periodic import Periodic, PeriodicScheduler, create_periodic_table
 from .registry import TaskRegistry
 from .reports import LeaseReport, QueueStats, ReapResult
 from .repository import JobRepository
+from .results import read_result, wait_for_result
 from .retry import RetryPolicy
 from .spec import JobSpec
 from .states import STATUSES
@@ -49,7 +54,9 @@ __all__ = [
     "HandlerCall",
     "InvalidArgumentError",
     "JobContext",
+    "JobFailedError",
     "JobLostError",
+    "JobNotFoundError",
     "JobMixin",
     "JobQueueError",
     "JobRepository",
@@ -60,6 +67,8 @@ __all__ = [
     "PeriodicScheduler",
     "QueueStats",
     "ReapResult",
+    "ResultNotReadyError",
+    "ResultTimeoutError",
     "RetryJob",
     "RetryPolicy",
     "Task",
@@ -70,4 +79,6 @@ __all__ = [
     "create_periodic_table",
     "job_table_args",
     "psycopg_url",
+    "read_result",
+    "wait_for_result",
 ]

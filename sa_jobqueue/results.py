@@ -48,7 +48,10 @@ from .states import CANCELLED, DEAD, DONE
 
 log = logging.getLogger("sa_jobqueue.worker")
 
-__all__ = ["encode_result", "read_result", "result_outcome", "result_to_store", "store_results", "wait_for_result"]
+__all__ = [
+    "check_wait", "encode_result", "read_result", "result_outcome", "result_to_store", "store_results",
+    "wait_for_result",
+]
 
 _warned: set[str] = set()
 
@@ -138,8 +141,7 @@ def wait_for_result(engine: Engine, model: Any, job_id: int, *, timeout: float, 
 
     from .connections import own_session, raw_connect
 
-    table, job_id = _table(model), _job_id(job_id)
-    timeout, poll_interval = _seconds("timeout", timeout), _seconds("poll_interval", poll_interval)
+    table, job_id, timeout, poll_interval = check_wait(model, job_id, timeout, poll_interval)
     deadline = time.monotonic() + timeout
     query = f"SELECT status, result, last_error FROM {_quoted(table)} WHERE id = %s"  # noqa: S608 - an identifier
     with raw_connect(engine)() as conn:
@@ -158,6 +160,11 @@ def wait_for_result(engine: Engine, model: Any, job_id: int, *, timeout: float, 
             for note in conn.notifies(timeout=min(poll_interval, left)):
                 if str(job_id) in note.payload.split(","):
                     break
+
+
+def check_wait(model: Any, job_id: object, timeout: object, poll_interval: object) -> tuple[Table, int, float, float]:
+    """A wait's arguments, checked: the table, the id and the two durations in seconds."""
+    return _table(model), _job_id(job_id), _seconds("timeout", timeout), _seconds("poll_interval", poll_interval)
 
 
 def _table(model: Any) -> Table:

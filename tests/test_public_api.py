@@ -15,7 +15,8 @@ PUBLIC_API = [
     "JobRepository", "JobSpec", "JobTableError", "LeaseReport", "QueueStats", "ReapResult", "RetryJob",
     "RetryPolicy", "Task", "TaskRegistry", "Worker", "WorkerResult", "WorkerStuckError", "job_table_args",
     "psycopg_url", "Periodic", "PeriodicScheduler", "create_periodic_table", "ConfiguredTask", "JobContext",
-    "HandlerCall",
+    "HandlerCall", "JobFailedError", "JobNotFoundError", "ResultNotReadyError", "ResultTimeoutError", "read_result",
+    "wait_for_result",
 ]
 
 

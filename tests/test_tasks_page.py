@@ -17,7 +17,7 @@ PAGE = Path(__file__).resolve().parent.parent / "docs" / "tasks.md"
 
 def test_the_tasks_page_runs(create_database: Callable[[], URL]) -> None:
     blocks = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(encoding="utf-8"), re.S | re.M)
-    assert len(blocks) == 7
+    assert len(blocks) == 8
     engine = create_engine(create_database())
     namespace: dict[str, Any] = {"engine": engine, "__name__": "tasks_page"}
     printed = io.StringIO()
@@ -30,6 +30,7 @@ def test_the_tasks_page_runs(create_database: Callable[[], URL]) -> None:
     refused = [line.split(" - ", 1)[0] for line in printed.getvalue().splitlines() if " - " in line]
     assert refused == ["invoice_id", "cc", "copy_to"], printed.getvalue()
     assert "attempt 1: invoice 1 to ada@example.com" in printed.getvalue()
+    assert "failed: dead job " in printed.getvalue() and "the warehouse is down" in printed.getvalue()
     assert re.search(r"^total \d+ returned 6$", printed.getvalue(), re.M), printed.getvalue()  # the middleware
     assert re.search(r"^total \d+ took \d+\.\d{3} s$", printed.getvalue(), re.M)
     assert namespace["new_style"].parameters.form == "arguments"
