@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 import pytest
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from jobapp import Base, EmailJob, TaskJob, User, emails, jobs, reports
+from jobapp import Base, EmailJob, ReportJob, TaskJob, User, emails, jobs, reports
 from jobapp import tasks as app_tasks
 from sqlalchemy import Engine, String, create_engine, select, text
 from sqlalchemy.engine import URL, Connection
@@ -40,6 +40,7 @@ from sa_jobqueue import (
     Worker,
 )
 from sa_jobqueue.migrations import rename_job_table, reset_queue_storage, set_queue_storage
+from sa_jobqueue.results import read_result, wait_for_result
 from sa_jobqueue.spec import MAX_ERROR_LENGTH, MAX_PAYLOAD_BYTES, SCHEDULE_HORIZON, clean_error
 
 UTC = timezone.utc
@@ -677,6 +678,27 @@ def test_typed_enqueue_refuses(db: Engine, call: Callable[[Any, Session], object
 
 def test_a_registry_refuses_a_repository_that_is_not_one(db: Engine) -> None:
     refused(db, lambda s: TaskRegistry(repository=TaskJob), "repository")
+
+
+def test_a_registry_refuses_middleware_that_is_not_a_list_of_callables(db: Engine) -> None:
+    refused(db, lambda s: TaskRegistry(middleware="timed"), "middleware")  # type: ignore[arg-type]
+    refused(db, lambda s: TaskRegistry(middleware=[None]), "middleware")  # type: ignore[list-item]
+    refused(db, lambda s: TaskRegistry().use(5), "middleware")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("call", "parameter"), [
+    pytest.param(lambda s: read_result(s, ReportJob, 0), "job_id", id="job_id-zero"),
+    pytest.param(lambda s: read_result(s, ReportJob, "1"), "job_id", id="job_id-str"),
+    pytest.param(lambda s: read_result(s, ReportJob, True), "job_id", id="job_id-bool"),
+    pytest.param(lambda s: read_result(s, User, 1), "model", id="model-not-a-job-table"),
+    pytest.param(lambda s: read_result(None, ReportJob, 1), "session", id="session-none"),
+    pytest.param(lambda s: wait_for_result(s.get_bind(), ReportJob, 1, timeout=0), "timeout", id="timeout-zero"),
+    pytest.param(lambda s: wait_for_result(s.get_bind(), ReportJob, 1, timeout=math.inf), "timeout", id="timeout-inf"),
+    pytest.param(lambda s: wait_for_result(s.get_bind(), ReportJob, 1, timeout=1, poll_interval=0), "poll_interval",
+                 id="poll_interval-zero"),
+])
+def test_results_refuse(db: Engine, call: Callable[[Session], object], parameter: str) -> None:
+    refused(db, call, parameter)
 
 
 def test_task_registry_refuses_a_second_registration_and_odd_lookups(db: Engine) -> None:
