@@ -8,12 +8,14 @@ so it never touches existing data.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import cli_tasks
 import jobapp
@@ -173,3 +175,18 @@ async def async_engine(async_driver: str, db_url: URL, engine: Engine) -> AsyncI
         yield made
     finally:
         await made.dispose()
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[list[asyncio.Task[Any]]]:
+    """Worker runs started by a test, stopped at once at its end whatever happened."""
+    started: list[asyncio.Task[Any]] = []
+    yield started
+    for task in started:
+        if not task.done():
+            task.cancel()
+    for task in started:
+        try:
+            await asyncio.wait_for(task, 30)
+        except BaseException:  # noqa: S110 - cancelled or failed: the test reports its own failure
+            pass

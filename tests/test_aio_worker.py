@@ -10,7 +10,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -72,19 +71,6 @@ async def _until(predicate: Any, timeout: float, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-@pytest.fixture
-async def running() -> AsyncIterator[list[asyncio.Task[Any]]]:
-    """Worker runs started by a test, stopped at once at its end whatever happened."""
-    started: list[asyncio.Task[Any]] = []
-    yield started
-    for task in started:
-        if not task.done():
-            task.cancel()
-    for task in started:
-        try:
-            await asyncio.wait_for(task, 30)
-        except BaseException:  # noqa: S110 - cancelled or failed: the test reports its own failure
-            pass
 
 
 def _start(worker: AsyncWorker, running: list[asyncio.Task[Any]]) -> asyncio.Task[Any]:

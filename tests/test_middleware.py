@@ -147,8 +147,12 @@ def test_a_failing_middleware_fails_the_attempt_and_nothing_commits(engine: Engi
         assert row is not None and "no quota left for write" in (row.last_error or "")
 
 
-def test_a_middleware_that_returns_no_context_manager_is_a_clear_failure(engine: Engine) -> None:
-    registry = TaskRegistry(repository=jobs, middleware=[lambda call: None])
+@pytest.mark.parametrize(("middleware", "says"), [
+    pytest.param(lambda call: None, "returned NoneType", id="no-context-manager"),
+    pytest.param(_per_tenant_async, "@contextmanager", id="async-around-a-sync-handler"),
+])
+def test_a_middleware_of_the_wrong_kind_is_a_clear_failure(engine: Engine, middleware: Any, says: str) -> None:
+    registry = TaskRegistry(repository=jobs, middleware=[middleware])
 
     @registry.task(max_attempts=1)
     def noop() -> None:
@@ -159,22 +163,7 @@ def test_a_middleware_that_returns_no_context_manager_is_a_clear_failure(engine:
     Worker(engine, jobs, registry, listen=False, poll_interval=0.05).run(until_empty=True)
     with Session(engine) as session:
         row = session.get(TaskJob, job.id)
-        assert row is not None and row.status == "dead" and "returned NoneType" in (row.last_error or "")
-
-
-def test_an_async_middleware_around_a_sync_handler_is_a_clear_failure(engine: Engine) -> None:
-    registry = TaskRegistry(repository=jobs, middleware=[_per_tenant_async])
-
-    @registry.task(max_attempts=1)
-    def noop() -> None:
-        pass
-
-    with Session(engine) as session, session.begin():
-        job = noop.enqueue(session)
-    Worker(engine, jobs, registry, listen=False, poll_interval=0.05).run(until_empty=True)
-    with Session(engine) as session:
-        row = session.get(TaskJob, job.id)
-        assert row is not None and row.status == "dead" and "@contextmanager" in (row.last_error or "")
+        assert row is not None and row.status == "dead" and says in (row.last_error or "")
 
 
 def test_grouped_commits_run_the_chain_per_job(engine: Engine) -> None:

@@ -31,6 +31,10 @@ def test_a_busy_worker_claims_its_free_capacity_at_once() -> None:
 
 def test_with_a_batch_size_claims_go_out_in_whole_batches_up_to_the_claimers() -> None:
     p = pacer(capacity=30, batch_size=10)
+    # The first claim goes alone: two at once would split the same rows between them.
+    assert p.claims(0.0, held=0, claiming=0) == [10]
+    p.claim_sent(10)
+    p.claim_ended(10, 10)  # it came back full: a backlog, two claimers from now on
     assert p.claims(0.0, held=0, claiming=0) == [10, 10]
     for ask in (10, 10):
         p.claim_sent(ask)
@@ -44,7 +48,9 @@ def test_with_a_batch_size_claims_go_out_in_whole_batches_up_to_the_claimers() -
     assert p.claims(0.0, held=25, claiming=0) == []
     # A thread is idle (held < concurrency): top it up even with a short batch.
     assert pacer(capacity=30, concurrency=8, batch_size=10).claims(0.0, held=25, claiming=0) == []
-    assert pacer(capacity=30, concurrency=8, batch_size=10).claims(0.0, held=7, claiming=0) == [10, 10]
+    topped = pacer(capacity=30, concurrency=8, batch_size=10)
+    topped.last_claim_full = True
+    assert topped.claims(0.0, held=7, claiming=0) == [10, 10]
 
 
 def test_after_a_short_claim_only_one_claim_is_in_flight() -> None:
@@ -186,6 +192,8 @@ def test_in_transaction_mode_a_batch_that_ends_while_others_probe_is_looked_for_
 def test_without_a_batch_size_short_jobs_are_claimed_ahead_and_long_ones_never() -> None:
     p = pacer()
     assert p.claims(0.0, held=0, claiming=0) == [4]  # nothing ran yet: the free threads only
+    p.claim_sent(4)
+    p.claim_ended(4, 4)
     for _ in range(5):
         p.job_ran(0.002)
     assert p.batch() == AHEAD and p.held_at_most() == 3 * AHEAD

@@ -49,7 +49,7 @@ from ..runnable import RunnableTask
 from ..worker.books import Held
 from ..worker.context import READ_COMMITTED, WorkerContext
 from ..worker.executor import JobExecutor, hand_back, start_job
-from ..worker.group import is_grouped
+from ..worker.group import count_lost, is_grouped
 from .bridge import in_greenlet
 from .watchdog import JobWatch
 
@@ -244,15 +244,7 @@ class AsyncGroupRunner:
 
     async def _lost(self, group: list[Held], done: set[int]) -> list[Held]:
         """The fence refused some completions (their leases had expired): those are lost; the others run again."""
-        rest = []
-        for held in group:
-            if held.job.id in done:
-                rest.append(held)
-            else:
-                log.warning("worker %s: job %s was no longer owned at its grouped completion (lease expired); "
-                            "the group rolled back and its other jobs run again alone", self.ctx.name, held.job.id)
-                self.ctx.books.count("lost")
-        return await self._unsettled(rest)
+        return await self._unsettled(count_lost(self.ctx, group, done))
 
     async def _unsettled(self, held_jobs: list[Held]) -> list[Held]:
         """Of jobs whose group rolled back, those to run again alone: not the

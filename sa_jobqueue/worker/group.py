@@ -81,6 +81,20 @@ def batch_parts(
     return parts
 
 
+def count_lost(ctx: WorkerContext, group: Sequence[Held], done: set[int]) -> list[Held]:
+    """Of a group whose grouped completion the fence refused in part, count (and log) the jobs
+    lost, those not in ``done``; return the others, to run again alone."""
+    rest = []
+    for held in group:
+        if held.job.id in done:
+            rest.append(held)
+        else:
+            log.warning("worker %s: job %s was no longer owned at its grouped completion (lease expired); "
+                        "the group rolled back and its other jobs run again alone", ctx.name, held.job.id)
+            ctx.books.count("lost")
+    return rest
+
+
 class Executor(Protocol):
     """What groups need of :class:`~sa_jobqueue.worker.executor.JobExecutor`."""
 
@@ -219,15 +233,7 @@ class GroupRunner:
 
     def _lost(self, group: list[Held], done: set[int]) -> list[Held]:
         """The fence refused some completions (their leases had expired): those are lost; the others run again."""
-        rest = []
-        for held in group:
-            if held.job.id in done:
-                rest.append(held)
-            else:
-                log.warning("worker %s: job %s was no longer owned at its grouped completion (lease expired); "
-                            "the group rolled back and its other jobs run again alone", self.ctx.name, held.job.id)
-                self.ctx.books.count("lost")
-        return self._unsettled(rest)
+        return self._unsettled(count_lost(self.ctx, group, done))
 
     def _unsettled(self, held_jobs: list[Held]) -> list[Held]:
         """Of jobs whose group rolled back, those to run again alone: not the

@@ -64,7 +64,11 @@ class Pacer:
     found: bool = True  # did the latest claim find work?
     idle_wait: float = 0.0
     next_probe: float = 0.0  # while idle: when to probe again (unless woken)
-    last_claim_full: bool = True
+    # False at the start: the first claim goes alone, and a second joins it only
+    # once a claim came back full. Two claims sent at once into the same rows
+    # split them between them (SKIP LOCKED), which for grouped commits makes
+    # smaller groups than one claim would; a backlog costs one round trip more.
+    last_claim_full: bool = False
     reserved: int = 0  # jobs asked for by claims in flight (lease mode)
     # A notification no claim has been sent since: an empty result of a claim
     # sent before it must not make the worker idle, or the job it announced
