@@ -5,8 +5,12 @@ worker (both modes) and the asyncio worker (both drivers); without instrumentati
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import io
+import re
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +20,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, create_engine, select
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
@@ -250,3 +255,27 @@ async def test_the_asyncio_worker_traces_async_and_sync_handlers(
     assert by_name["fetch 2"].status.status_code is StatusCode.UNSET
     assert seen == {"fetch 1": by_name["fetch 1"].context, "fetch 2": by_name["fetch 2"].context,
                     "store": by_name["store 1"].context}
+
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "opentelemetry.md"
+
+
+def test_the_opentelemetry_page_runs(create_database: Callable[[], URL]) -> None:
+    [block] = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(encoding="utf-8"), re.S | re.M)
+    engine = create_engine(create_database())
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(block, "docs/opentelemetry.md", "exec", dont_inherit=True), {"engine": engine})
+    finally:
+        engine.dispose()
+    assert not enqueue_hooks()  # the page uninstruments
+    keys, *spans = printed.getvalue().splitlines()
+    assert keys == "['traceparent']"
+    rows = [line.split(" ", 4) for line in spans]
+    assert [row[:4] for row in rows] == [
+        ["PRODUCER", "send", "mail", "UNSET"], ["INTERNAL", "POST", "/signup", "UNSET"],
+        ["CONSUMER", "process", "mail", "ERROR"], ["CONSUMER", "process", "mail", "UNSET"],
+    ]
+    producer_id = rows[0][4].split(" ")[0]
+    assert [row[4].split(" ", 1)[1] for row in rows[2:]] == [f"['{producer_id}']"] * 2
