@@ -131,7 +131,7 @@ class Enqueuer(Generic[M]):
         """Insert ``rows`` and return their jobs in input order: a row whose
         dedupe key a live job (or an earlier row) holds comes back as that job."""
         hooks = enqueue_hooks.HOOKS
-        if hooks:
+        if hooks and rows:  # an empty enqueue_many writes nothing: nothing to wrap
             return run_hooked(hooks, self.table.name, rows, lambda hooked: self._many(session, hooked, notify))
         return self._many(session, rows, notify)
 

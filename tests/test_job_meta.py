@@ -101,6 +101,7 @@ def test_a_hook_adds_to_every_enqueue_and_sees_the_jobs(engine: Engine, hook: li
         one = jobs.enqueue(session, "noop", queue="mail")
         given = jobs.enqueue(session, "noop", meta={"shared": "from the caller", "own": 1})
         copied = jobs.enqueue_many(session, [JobSpec("other", queue="q2") for _ in range(MANY)])
+        assert jobs.enqueue_many(session, []) == [] and len(hook) == 3  # nothing written, no hook called
     stored = _stored(engine)
     assert stored[one.id] == {"hook": 0, "shared": "from the hook"}
     assert stored[given.id] == {"hook": 1, "shared": "from the caller", "own": 1}  # the caller's keys win
