@@ -40,8 +40,10 @@ from sqlalchemy.types import String
 from .copying import copy_records
 from .states import COLUMN_DEFAULTS, NOW_DEFAULTS, server_default
 
-# The columns COPY writes; the others take their defaults.
+# The columns COPY writes; the others take their defaults. ``meta`` only for rows that have one
+# (rows are copied in groups of one shape, see write_order): rows without it send what they always sent.
 _COPIED = ("id", "task", "queue", "payload", "priority", "run_at", "max_attempts")
+_COPIED_META = (*_COPIED, "meta")
 # A column defaulting to now(), in stored_defaults(): the transaction's now() once known.
 NOW = object()
 
@@ -151,6 +153,7 @@ def copy_rows(
     now: datetime = reserved.now
     ids: list[int] = sorted(reserved.ids)
     left_out = {key: now if value is NOW else value for key, value in defaults.items()}
+    with_meta = "meta" in rows[0]
     stored: list[dict[str, Any]] = []
 
     def records() -> Iterator[tuple[Any, ...]]:
@@ -165,7 +168,13 @@ def copy_rows(
                 "payload": json.loads(encoded), "priority": row["priority"], "run_at": run_at,
                 "max_attempts": row["max_attempts"],
             })
-            yield job_id, row["task"], row["queue"], encoded, row["priority"], run_at, row["max_attempts"]
+            record: tuple[Any, ...] = (
+                job_id, row["task"], row["queue"], encoded, row["priority"], run_at, row["max_attempts"])
+            if with_meta:
+                meta = json.dumps(row["meta"], separators=(",", ":"))
+                stored[-1]["meta"] = json.loads(meta)
+                record = (*record, meta)
+            yield record
 
-    copy_records(conn, table, _COPIED, records())
+    copy_records(conn, table, _COPIED_META if with_meta else _COPIED, records())
     return stored

@@ -6,7 +6,7 @@
     send_welcome.configure(queue="signup", delay=60).enqueue(session, user.id)
 
 The options belong to the job (queue, priority, run_at or delay,
-max_attempts, dedupe_key, extra, the job table); the arguments belong to
+max_attempts, dedupe_key, extra, meta, the job table); the arguments belong to
 the handler. They are given in two calls, so no handler parameter name can
 clash with an option: ``enqueue``'s own only parameter is the session,
 positional-only, and every other argument of the call is the handler's.
@@ -41,9 +41,11 @@ class JobOptions:
     dedupe_key: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     repository: Any = None
+    meta: Mapping[str, Any] | None = None
 
     def merged(self, later: JobOptions) -> JobOptions:
-        """These options with ``later``'s given ones over them."""
+        """These options with ``later``'s given ones over them (``extra`` merged key by key; a given
+        ``meta`` replaces the earlier one)."""
         given = {name: getattr(later, name) for name in self.__dataclass_fields__ if name != "extra"
                  if getattr(later, name) is not None}
         return replace(self, **given, extra={**self.extra, **later.extra})
@@ -106,7 +108,7 @@ class ConfiguredTask(Generic[P, R]):
         return JobSpec(
             task=self.task.name, payload=payload, queue=o.queue if o.queue is not None else self.task.queue,
             priority=o.priority if o.priority is not None else self.task.priority, run_at=o.run_at, delay=o.delay,
-            max_attempts=o.max_attempts, dedupe_key=o.dedupe_key, extra=o.extra)
+            max_attempts=o.max_attempts, dedupe_key=o.dedupe_key, extra=o.extra, meta=o.meta)
 
     def _repository(self) -> Any:
         repository = self.options.repository if self.options.repository is not None else self.task.repository
@@ -120,7 +122,8 @@ class ConfiguredTask(Generic[P, R]):
 def _insert(repository: Any, session: Any, spec: JobSpec) -> Any:
     return repository.enqueue(
         session, spec.task, spec.payload, queue=spec.queue, priority=spec.priority, run_at=spec.run_at,
-        delay=spec.delay, max_attempts=spec.max_attempts, dedupe_key=spec.dedupe_key, extra=dict(spec.extra))
+        delay=spec.delay, max_attempts=spec.max_attempts, dedupe_key=spec.dedupe_key, extra=dict(spec.extra),
+        meta=spec.meta)
 
 
 def check_repository(value: object) -> Any:

@@ -12,6 +12,8 @@
   with a dedupe key first in one global order (``INSERT … ON CONFLICT DO
   NOTHING``, the live holder of a key returned in place of a new row), then
   the others through COPY when it can stand in for the INSERT;
+* the enqueue hooks of the process (:mod:`sa_jobqueue.enqueue_hooks`),
+  when any is registered, around the writing of each call;
 * the wake-up: a NOTIFY on the table's channel once per transaction and
   queue of runnable jobs (the session's ``info`` remembers which were
   sent); jobs scheduled later send nothing, polling picks them up on time.
@@ -22,7 +24,8 @@ caller's transaction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
@@ -30,10 +33,12 @@ from sqlalchemy import Table
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from . import bulk, statements
+from . import bulk, enqueue_hooks, statements
 from .copying import copy_connection
 from .direct import DirectStatement
+from .enqueue_hooks import EnqueueHook, Enqueueing
 from .mixin import JobMixin
+from .payloads import check_meta
 from .snapshot import Snapshots
 
 M = TypeVar("M", bound=JobMixin)
@@ -46,6 +51,28 @@ FREED_KEY_TRIES = 20
 
 # session.info key: (transaction, {(channel, queue)}) already notified in it.
 NOTIFIED = "sa_jobqueue.notified"
+
+
+def run_hooked(
+    hooks: tuple[EnqueueHook, ...], table: str, rows: list[dict[str, Any]],
+    write: Callable[[list[dict[str, Any]]], list[M]],
+) -> list[M]:
+    """Write checked ``rows`` with ``write`` inside the enqueue ``hooks``
+    (:mod:`sa_jobqueue.enqueue_hooks`), each row's meta merged with what the
+    hooks added (the row's own keys win); return what ``write`` returned."""
+    enqueueing = Enqueueing(table, [row["queue"] for row in rows], [row["task"] for row in rows])
+    jobs: list[M] | None = None
+    with ExitStack() as stack:
+        for hook in hooks:
+            stack.enter_context(hook(enqueueing))
+        if enqueueing.meta:
+            added = check_meta(enqueueing.meta)
+            rows = [{**row, "meta": {**added, **(row.get("meta") or {})}} for row in rows]
+        jobs = write(rows)
+        enqueueing.jobs = list(jobs)
+    if jobs is None:  # a hook swallowed the writing's exception: the caller must not think it wrote
+        raise RuntimeError(f"an enqueue hook of {table!r} swallowed the exception of the enqueue it wrapped")
+    return jobs
 
 
 class _KeyFreed(Exception):
@@ -86,6 +113,12 @@ class Enqueuer(Generic[M]):
 
     def one(self, session: Session, row: dict[str, Any], *, notify: bool) -> M:
         """Insert one row without a dedupe key; with ``notify``, wake its queue."""
+        hooks = enqueue_hooks.HOOKS
+        if hooks:
+            return run_hooked(hooks, self.table.name, [row], lambda rows: [self._one(session, rows[0], notify)])[0]
+        return self._one(session, row, notify)
+
+    def _one(self, session: Session, row: dict[str, Any], notify: bool) -> M:
         connection = self._insert_one.connection(session)
         if not (notify and runnable_now(row) and row["queue"] not in self.notified(session)):
             [inserted] = self._insert_one.rows(connection, row)
@@ -97,6 +130,12 @@ class Enqueuer(Generic[M]):
     def many(self, session: Session, rows: list[dict[str, Any]], *, notify: bool) -> list[M]:
         """Insert ``rows`` and return their jobs in input order: a row whose
         dedupe key a live job (or an earlier row) holds comes back as that job."""
+        hooks = enqueue_hooks.HOOKS
+        if hooks and rows:  # an empty enqueue_many writes nothing: nothing to wrap
+            return run_hooked(hooks, self.table.name, rows, lambda hooked: self._many(session, hooked, notify))
+        return self._many(session, rows, notify)
+
+    def _many(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> list[M]:
         result: list[M | None] = [None] * len(rows)
         for dedupe, indexes in bulk.write_order(rows):
             params = [rows[i] for i in indexes]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import InvalidArgumentError, shown
@@ -70,3 +71,17 @@ def check_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES, parameter
     if problem is not None:
         raise InvalidArgumentError(parameter, problem)
     return payload
+
+
+# A job's meta (the trace context of the enqueuing code, say) is small: it travels with every claim, as the payload.
+MAX_META_BYTES = 64 * 1024
+
+
+def check_meta(meta: Any) -> dict[str, Any]:
+    """A job's ``meta``: a JSON object (a mapping with string keys) PostgreSQL can store,
+    at most :data:`MAX_META_BYTES` encoded; raise naming ``meta``."""
+    if not isinstance(meta, Mapping):
+        raise InvalidArgumentError("meta", f"must be a JSON object (a dict with string keys) or None, "
+                                   f"got {type(meta).__name__}")
+    checked: dict[str, Any] = check_payload(dict(meta), max_bytes=MAX_META_BYTES, parameter="meta")
+    return checked

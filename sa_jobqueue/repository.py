@@ -113,6 +113,7 @@ class JobRepository(Generic[M]):
         max_attempts: int | None = None,
         dedupe_key: str | None = None,
         extra: dict[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> M:
         """Insert one job in the caller's transaction and return it (a
         detached snapshot of the row as inserted, see :mod:`sa_jobqueue.snapshot`).
@@ -122,12 +123,13 @@ class JobRepository(Generic[M]):
         ``max_attempts`` applies, else 20 (:data:`~sa_jobqueue.mixin.DEFAULT_MAX_ATTEMPTS`).
 
         With ``dedupe_key``, while a live job of the same queue holds the key,
-        that job is returned and nothing is inserted.
+        that job is returned and nothing is inserted. ``meta``: what travels
+        with the job besides its payload (a JSON object; :class:`JobSpec`).
         """
         session = check_session(session)
         spec = JobSpec(
             task=task, payload=payload, queue=queue, priority=priority, run_at=run_at,
-            delay=delay, max_attempts=max_attempts, dedupe_key=dedupe_key, extra=extra or {},
+            delay=delay, max_attempts=max_attempts, dedupe_key=dedupe_key, extra=extra or {}, meta=meta,
         )
         row = to_row(spec, self._user_columns)
         if dedupe_key is not None:

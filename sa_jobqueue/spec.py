@@ -52,7 +52,7 @@ from .checks import (
     text_problem,
 )
 from .errors import InvalidArgumentError, shown
-from .payloads import MAX_PAYLOAD_BYTES, check_payload
+from .payloads import MAX_PAYLOAD_BYTES, check_meta, check_payload
 from .states import DEDUPE_KEY_LENGTH, DEFAULT_QUEUE, PRIORITY_MAX, PRIORITY_MIN, SCHEDULE_HORIZON
 
 """The largest payload accepted, in bytes of its compact UTF-8 JSON encoding (1 MiB).
@@ -80,6 +80,9 @@ class JobSpec:
     ``dedupe_key``: while a live (pending or running) job of the same queue
     holds this key, enqueueing returns that job instead of a new one.
     ``extra``: values for the model's own columns.
+    ``meta``: what travels with the job besides its payload (a JSON object,
+    at most :data:`~sa_jobqueue.payloads.MAX_META_BYTES` encoded), stored in
+    its ``meta`` column; enqueue hooks (:mod:`sa_jobqueue.enqueue_hooks`) add to it.
     """
 
     task: str
@@ -91,6 +94,7 @@ class JobSpec:
     max_attempts: int | None = None
     dedupe_key: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    meta: Mapping[str, Any] | None = None
 
 
 def check_specs(jobs: object) -> list[JobSpec]:
@@ -148,6 +152,8 @@ def to_row(
         "run_at": check_aware("run_at", spec.run_at),
         "delay": check_delay("delay", spec.delay),
     }
+    if spec.meta is not None:  # no key otherwise: the statements without meta stay the ones they were
+        row["meta"] = check_meta(spec.meta)
     row.update(_check_extra(spec.extra, user_columns))
     return row
 

@@ -139,13 +139,14 @@ class Task(Generic[P, R]):
         dedupe_key: str | None = None,
         extra: Mapping[str, Any] | None = None,
         repository: Any = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> ConfiguredTask[P, R]:
         """This task with the options of the jobs it enqueues (those of
         :meth:`~sa_jobqueue.JobRepository.enqueue`, and the job table);
         checked now, raising :class:`InvalidArgumentError` naming the bad one."""
         configured: ConfiguredTask[P, R] = ConfiguredTask(self, JobOptions(
             queue=queue, priority=priority, run_at=run_at, delay=delay, max_attempts=max_attempts,
-            dedupe_key=dedupe_key, extra=dict(extra or {}), repository=repository))
+            dedupe_key=dedupe_key, extra=dict(extra or {}), repository=repository, meta=meta))
         return configured
 
     def enqueue(self, session: Any, /, *args: P.args, **kwargs: P.kwargs) -> Any:

@@ -232,6 +232,16 @@ ENQUEUE = [
             ("too-big-multibyte", "€" * (MAX_PAYLOAD_BYTES // 3)),
         ]
     ),
+    # meta: a JSON object or None, checked as the payload is
+    *(
+        _enqueue_row({"meta": value}, "meta", id=f"meta-{label}")
+        for label, value in [
+            ("list", [1]), ("str", "trace"), ("int", 5), ("bytes", b"{}"), ("object", _Opaque()),
+            ("set-value", {"a": {1}}), ("nan", {"x": math.nan}), ("nul-value", {"a": NUL}),
+            ("surrogate-key", {SURROGATE: 1}), ("int-key", {1: "one"}),
+            ("too-big", {"blob": "x" * (64 * 1024)}),
+        ]
+    ),
     # priority and max_attempts: wrong types, NaN, out of the column's range
     *(
         _enqueue_row({"priority": value}, "priority", id=f"priority-{label}")
@@ -667,6 +677,8 @@ TYPED_ENQUEUE = [
     pytest.param(lambda t, s: t.configure(repository=TaskJob), "repository", id="configure-repository"),
     pytest.param(lambda t, s: t.configure(run_at=datetime(2030, 1, 1), delay=5), "run_at", id="configure-both"),
     pytest.param(lambda t, s: t.configure(extra={"nope": 1}).enqueue(s, 1), "extra", id="configure-extra"),
+    pytest.param(lambda t, s: t.configure(meta=["trace"]), "meta", id="configure-meta"),
+    pytest.param(lambda t, s: t.configure(meta={"a": NUL}), "meta", id="configure-meta-nul"),
 ]
 
 

@@ -89,11 +89,12 @@ class AsyncJobRepository(Generic[M]):
         max_attempts: int | None = None,
         dedupe_key: str | None = None,
         extra: dict[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> M:
         """:meth:`JobRepository.enqueue <sa_jobqueue.JobRepository.enqueue>`, awaited."""
         return await check_async_session(session).run_sync(
             self.sync.enqueue, task, payload, queue=queue, priority=priority, run_at=run_at, delay=delay,
-            max_attempts=max_attempts, dedupe_key=dedupe_key, extra=extra,
+            max_attempts=max_attempts, dedupe_key=dedupe_key, extra=extra, meta=meta,
         )
 
     async def enqueue_many(self, session: AsyncSession, jobs: Iterable[JobSpec]) -> list[M]:
