@@ -37,11 +37,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Engine, Table, bindparam, select, text
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY, BIGINT, TEXT
 from sqlalchemy.orm import Session
 
 from .channels import results_channel_name
-from .checks import check_session
+from .checks import INT64_MAX, check_poll_interval, check_session, check_timeout, positive_int
 from .errors import InvalidArgumentError, JobFailedError, JobNotFoundError, ResultNotReadyError, ResultTimeoutError
 from .payloads import check_payload
 from .states import CANCELLED, DEAD, DONE
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 _warned: set[str] = set()
+_POSTGRESQL = postgresql.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy leaves it untyped
 
 
 def encode_result(value: Any) -> str:
@@ -71,9 +73,8 @@ def store_results(session: Session, table: Table, results: Mapping[int, str]) ->
 
 
 def _quoted(table: Table) -> str:
-    """The table's name as SQL, quoted (with its schema, when it has one)."""
-    parts = [table.name] if table.schema is None else [table.schema, table.name]
-    return ".".join('"' + part.replace('"', '""') + '"' for part in parts)
+    """The table's name as SQL, quoted by PostgreSQL's own rules (with its schema, when it has one)."""
+    return _POSTGRESQL.identifier_preparer.format_table(table)
 
 
 def _store(table: Table) -> Any:
@@ -175,12 +176,10 @@ def _table(model: Any) -> Table:
 
 
 def _job_id(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError("job_id", f"must be a positive int, got {value!r}")
-    return value
+    return positive_int("job_id", value, INT64_MAX)
 
 
 def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-        raise InvalidArgumentError(name, f"must be a positive number of seconds, got {value!r}")
-    return float(value)
+    if name == "poll_interval":
+        return check_poll_interval(value)
+    return check_timeout(name, value).total_seconds()
