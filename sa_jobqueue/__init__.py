@@ -18,6 +18,7 @@
 """
 
 from .configured import ConfiguredTask
+from .dedupe import Dedupe, EnqueueOutcome
 from .errors import (
     InvalidArgumentError,
     JobFailedError,
@@ -51,6 +52,8 @@ __version__ = "0.1.0"
 __all__ = [
     "STATUSES",
     "ConfiguredTask",
+    "Dedupe",
+    "EnqueueOutcome",
     "HandlerCall",
     "InvalidArgumentError",
     "JobContext",

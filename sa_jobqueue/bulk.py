@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.types import String
 
 from .copying import copy_records
+from .dedupe import ROW_KEY
 from .states import COLUMN_DEFAULTS, NOW_DEFAULTS, server_default
 
 # The columns COPY writes; the others take their defaults. ``meta`` only for rows that have one
@@ -65,8 +66,8 @@ def write_order(rows: Sequence[dict[str, Any]]) -> list[tuple[bool, list[int]]]:
     per statement, whether its rows have a dedupe key, and their indexes.
 
     Rows with a dedupe key come first, sorted by ``(queue, dedupe_key)``
-    (repeats in input order), in runs of rows with the same columns (one
-    statement takes rows of one shape). An INSERT meeting a key that another
+    (repeats in input order), in runs of rows with the same columns and
+    ``on_conflict`` (one statement takes rows of one shape). An INSERT meeting a key that another
     transaction wrote but has not committed waits for that transaction; in
     one global order, concurrent calls with overlapping keys wait in line
     behind each other, where in their callers' orders two of them could wait
@@ -78,10 +79,11 @@ def write_order(rows: Sequence[dict[str, Any]]) -> list[tuple[bool, list[int]]]:
         (i for i, row in enumerate(rows) if row["dedupe_key"] is not None),
         key=lambda i: (rows[i]["queue"], rows[i]["dedupe_key"]),
     )
-    shape: frozenset[str] | None = None
+    shape: tuple[frozenset[str], str] | None = None
     for i in keyed:
-        if frozenset(rows[i]) != shape:
-            shape = frozenset(rows[i])
+        # One statement per shape and on_conflict: the statements that follow the INSERT differ by it.
+        if (frozenset(rows[i]), rows[i][ROW_KEY].on_conflict) != shape:
+            shape = (frozenset(rows[i]), rows[i][ROW_KEY].on_conflict)
             order.append((True, []))
         order[-1][1].append(i)
     plain: dict[frozenset[str], list[int]] = defaultdict(list)

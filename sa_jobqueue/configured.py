@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from .arguments import Parameters, is_async_session_type
+from .dedupe import Dedupe
 from .errors import InvalidArgumentError
 from .spec import JobSpec, to_row
 
@@ -38,7 +39,7 @@ class JobOptions:
     run_at: datetime | None = None
     delay: timedelta | float | None = None
     max_attempts: int | None = None
-    dedupe_key: str | None = None
+    dedupe_key: str | Dedupe | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     repository: Any = None
     meta: Mapping[str, Any] | None = None

@@ -33,8 +33,9 @@ from sqlalchemy import Table
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from . import bulk, enqueue_hooks, statements
+from . import bulk, enqueue_hooks, keyed, statements
 from .copying import copy_connection
+from .dedupe import DEBOUNCED, DUPLICATE, INSERTED, REPLACED, ROW_KEY, EnqueueOutcome, OnConflict, Outcome
 from .direct import DirectStatement
 from .enqueue_hooks import EnqueueHook, Enqueueing
 from .mixin import JobMixin
@@ -101,6 +102,10 @@ class Enqueuer(Generic[M]):
         returned = snapshots.columns
         self._insert = statements.insert_jobs(model, dedupe=False).returning(*returned, sort_by_parameter_order=True)
         self._insert_dedupe = statements.insert_jobs(model, dedupe=True).returning(*returned)
+        self._take_over: dict[OnConflict, Any] = {
+            "replace": keyed.take_over(model, returned, debounce=False),
+            "debounce": keyed.take_over(model, returned, debounce=True),
+        }
         # One job: sent through psycopg's cursor where nothing would notice (:mod:`sa_jobqueue.direct`).
         types = [column.type for column in returned]
         self._insert_one = DirectStatement(statements.insert_jobs(model, dedupe=False).returning(*returned),
@@ -130,28 +135,41 @@ class Enqueuer(Generic[M]):
     def many(self, session: Session, rows: list[dict[str, Any]], *, notify: bool) -> list[M]:
         """Insert ``rows`` and return their jobs in input order: a row whose
         dedupe key a live job (or an earlier row) holds comes back as that job."""
-        hooks = enqueue_hooks.HOOKS
-        if hooks and rows:  # an empty enqueue_many writes nothing: nothing to wrap
-            return run_hooked(hooks, self.table.name, rows, lambda hooked: self._many(session, hooked, notify))
-        return self._many(session, rows, notify)
+        return [outcome.job for outcome in self.many_report(session, rows, notify=notify)]
 
-    def _many(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> list[M]:
-        result: list[M | None] = [None] * len(rows)
+    def many_report(self, session: Session, rows: list[dict[str, Any]], *, notify: bool) -> list[EnqueueOutcome[M]]:
+        """:meth:`many`, with what the call did for each row (:class:`~sa_jobqueue.dedupe.EnqueueOutcome`)."""
+        hooks = enqueue_hooks.HOOKS
+        if not (hooks and rows):  # an empty enqueue_many writes nothing: nothing to wrap
+            return self._many(session, rows, notify)
+        outcomes: list[EnqueueOutcome[M]] = []
+
+        def write(hooked: list[dict[str, Any]]) -> list[M]:
+            outcomes.extend(self._many(session, hooked, notify))
+            return [outcome.job for outcome in outcomes]
+
+        run_hooked(hooks, self.table.name, rows, write)
+        return outcomes
+
+    def _many(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> list[EnqueueOutcome[M]]:
+        result: list[EnqueueOutcome[M] | None] = [None] * len(rows)
+        latest: dict[int, M] = {}  # each keyed job as the last statement of the call left it
         for dedupe, indexes in bulk.write_order(rows):
             params = [rows[i] for i in indexes]
             if dedupe:
-                for i, job in zip(indexes, self._insert_keyed_retrying(session, params), strict=True):
-                    result[i] = job
+                for i, outcome in zip(indexes, self._insert_keyed_retrying(session, params), strict=True):
+                    result[i] = outcome
+                    latest[outcome.job.id] = outcome.job
                 continue
             copied = self._copy(session, params)
             written = copied if copied is not None else self.snapshots.all(session.execute(self._insert, params).all())
             for i, job in zip(indexes, written, strict=True):
-                result[i] = job
+                result[i] = EnqueueOutcome(job, INSERTED)
         if notify:
             self.notify_queues(session, {row["queue"] for row in rows if runnable_now(row)})
-        return [job for job in result if job is not None]
+        return [EnqueueOutcome(latest.get(o.job.id, o.job), o.outcome) for o in result if o is not None]
 
-    def _insert_keyed_retrying(self, session: Session, rows: list[dict[str, Any]]) -> list[M]:
+    def _insert_keyed_retrying(self, session: Session, rows: list[dict[str, Any]]) -> list[EnqueueOutcome[M]]:
         """:meth:`_insert_keyed` in a SAVEPOINT, tried again when a key was
         freed under it or PostgreSQL ended it as a deadlock's victim.
 
@@ -167,14 +185,16 @@ class Enqueuer(Generic[M]):
         up to :data:`DEADLOCK_TRIES` times.
         """
         deadlocks = freed = 0
+        on_conflict: OnConflict = rows[0][ROW_KEY].on_conflict  # one per statement (bulk.write_order)
+        plain = [{k: v for k, v in row.items() if k != ROW_KEY} for row in rows]
         while True:
             last = freed == FREED_KEY_TRIES - 1
             try:
                 with session.begin_nested():
-                    jobs = self._insert_keyed(session, rows, free_keys_now=last)
-                    if jobs is None:
+                    outcomes = self._insert_keyed(session, plain, on_conflict, free_keys_now=last)
+                    if outcomes is None:
                         raise _KeyFreed  # rolls the SAVEPOINT back: the next try writes the key in order
-                    return jobs
+                    return outcomes
             except _KeyFreed:
                 freed += 1  # a job finished under the statement: progress elsewhere, so trying again is cheap
             except DBAPIError as exc:
@@ -182,32 +202,50 @@ class Enqueuer(Generic[M]):
                 if getattr(exc.orig, "sqlstate", None) != DEADLOCK or deadlocks == DEADLOCK_TRIES:
                     raise
 
-    def _insert_keyed(self, session: Session, rows: list[dict[str, Any]], *, free_keys_now: bool) -> list[M] | None:
+    def _insert_keyed(
+        self, session: Session, rows: list[dict[str, Any]], on_conflict: OnConflict, *, free_keys_now: bool
+    ) -> list[EnqueueOutcome[M]] | None:
         """Rows with a dedupe key (one statement's worth): each row's new job,
-        or the live job holding its key. None when a key was freed between
-        the INSERT and the SELECT, unless ``free_keys_now``: then such a row
-        is inserted on its own."""
+        or the job holding its key, changed as ``on_conflict`` says when it is
+        pending. None when a key was freed between the INSERT and the SELECT,
+        unless ``free_keys_now``: then such a row is inserted on its own."""
         inserted = self.snapshots.all(session.execute(self._insert_dedupe, rows).all())
-        by_key = {(job.queue, job.dedupe_key): job for job in inserted}
-        wanted = {(row["queue"], row["dedupe_key"]) for row in rows} - set(by_key)
-        if wanted:
-            held = statements.live_jobs_by_dedupe_key(
-                self.model, self.snapshots.columns, [q for q, _ in wanted], [k for _, k in wanted]
-            )
-            existing = self.snapshots.all(session.execute(held).all())
-            by_key.update({(job.queue, job.dedupe_key): job for job in existing})
-        jobs: list[M] = []
+        # Each key's job as it stands now: the row this statement inserted, or a holder (changed or not).
+        latest: dict[tuple[str, str | None], M] = {(job.queue, job.dedupe_key): job for job in inserted}
+        fresh = set(latest)  # keys inserted here: the first row of each is the one inserted
+        done: list[tuple[tuple[str, str | None], Outcome]] = []
+        take_over = self._take_over.get(on_conflict)
         for row in rows:
-            found = by_key.get((row["queue"], row["dedupe_key"]))
-            if found is None:
+            key = (row["queue"], row["dedupe_key"])
+            if key in fresh:
+                fresh.discard(key)
+                done.append((key, INSERTED))
+                continue
+            if take_over is not None:  # replace or debounce: a pending holder takes this row's values
+                changed = session.execute(take_over, keyed.take_over_params(row)).all()
+                if changed:
+                    latest[key] = self.snapshots.one(changed[0])
+                    done.append((key, REPLACED if on_conflict == "replace" else DEBOUNCED))
+                    continue
+            done.append((key, DUPLICATE))
+        missing = {key for key, _ in done} - set(latest)
+        if missing:
+            held = keyed.live_holders(
+                self.model, self.snapshots.columns, [q for q, _ in missing], [k for _, k in missing if k is not None])
+            holders = self.snapshots.all(session.execute(held).all())
+            latest.update({(job.queue, job.dedupe_key): job for job in holders})
+        outcomes: list[EnqueueOutcome[M]] = []
+        for row, (key, outcome) in zip(rows, done, strict=True):
+            if key not in latest:  # its holder finished under the statement: the key is free
                 if not free_keys_now:
                     return None
-                again = self._insert_keyed(session, [row], free_keys_now=True)
+                again = self._insert_keyed(session, [row], on_conflict, free_keys_now=True)
                 assert again is not None  # free_keys_now never gives up
-                found = again[0]
-                by_key[(row["queue"], row["dedupe_key"])] = found
-            jobs.append(found)
-        return jobs
+                latest[key], outcome = again[0].job, again[0].outcome
+            outcomes.append(EnqueueOutcome(latest[key], outcome))
+        # Every row of a key shows the job as this call left it (a later row may have replaced it).
+        return [EnqueueOutcome(latest[(o.job.queue, o.job.dedupe_key)] if o.job.dedupe_key is not None else o.job,
+                               o.outcome) for o in outcomes]
 
     def _copy(self, session: Session, rows: list[dict[str, Any]]) -> list[M] | None:
         """COPY plain rows when COPY can stand in for the INSERT (see :mod:`sa_jobqueue.bulk`)."""

@@ -198,6 +198,10 @@ class JobMixin:
     # What travels with a job besides its payload, written at enqueue (a JSON
     # object or NULL): the trace context of the enqueuing code, for one.
     meta: Mapped[Any | None] = mapped_column(JSON().with_variant(JSONB(), "postgresql"))
+    # How long the job holds its dedupe key (sa_jobqueue.dedupe): NULL while it
+    # is live (pending or running), 'started' while it is pending only (the
+    # claim clears dedupe_key then). Last, for the reason above.
+    dedupe_until: Mapped[str | None] = mapped_column(String(16))
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:

@@ -4,7 +4,6 @@
 
     emails = JobRepository(EmailJob)
     with Session(engine) as session, session.begin():
-        session.add(User(name="ada"))
         emails.enqueue(session, "send_welcome", {"user_id": 42}, queue="signup")
 
 No verb commits, rolls back or opens a transaction: each runs its statements
@@ -43,6 +42,7 @@ from .checks import (
     positive_int,
 )
 from .claim import DEFAULT_LEASE, Claimer, default_worker_name
+from .dedupe import Dedupe, EnqueueOutcome
 from .direct import DirectStatement
 from .enqueue import Enqueuer
 from .errors import InvalidArgumentError, JobLostError
@@ -111,7 +111,7 @@ class JobRepository(Generic[M]):
         run_at: datetime | None = None,
         delay: timedelta | float | None = None,
         max_attempts: int | None = None,
-        dedupe_key: str | None = None,
+        dedupe_key: str | Dedupe | None = None,
         extra: dict[str, Any] | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> M:
@@ -123,8 +123,9 @@ class JobRepository(Generic[M]):
         ``max_attempts`` applies, else 20 (:data:`~sa_jobqueue.mixin.DEFAULT_MAX_ATTEMPTS`).
 
         With ``dedupe_key``, while a live job of the same queue holds the key,
-        that job is returned and nothing is inserted. ``meta``: what travels
-        with the job besides its payload (a JSON object; :class:`JobSpec`).
+        that job is returned and nothing is inserted; a :class:`~sa_jobqueue.Dedupe`
+        may change it instead (:mod:`sa_jobqueue.dedupe`). ``meta``: what
+        travels with the job besides its payload (a JSON object; :class:`JobSpec`).
         """
         session = check_session(session)
         spec = JobSpec(
@@ -148,9 +149,14 @@ class JobRepository(Generic[M]):
         ``(queue, dedupe_key)``, so concurrent calls with overlapping keys
         wait for each other in line instead of deadlocking.
         """
+        return [outcome.job for outcome in self.enqueue_many_report(session, jobs)]
+
+    def enqueue_many_report(self, session: Session, jobs: Iterable[JobSpec]) -> list[EnqueueOutcome[M]]:
+        """:meth:`enqueue_many`, with, per spec in input order, the job that won its place (new, or
+        the holder of its dedupe key) and what the call did (:class:`~sa_jobqueue.EnqueueOutcome`)."""
         session = check_session(session)
         rows = [to_row(spec, self._user_columns) for spec in check_specs(jobs)]
-        return self._enqueuer.many(session, rows, notify=self.notify)
+        return self._enqueuer.many_report(session, rows, notify=self.notify)
 
     # -- claim and the fenced verbs --------------------------------------
 

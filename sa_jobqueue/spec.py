@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 
 from .checks import (
     FINISHED_STATUSES,
@@ -51,9 +51,10 @@ from .checks import (
     positive_int,
     text_problem,
 )
+from .dedupe import ROW_KEY, Dedupe, HeldUntil, OnConflict
 from .errors import InvalidArgumentError, shown
 from .payloads import MAX_PAYLOAD_BYTES, check_meta, check_payload
-from .states import DEDUPE_KEY_LENGTH, DEFAULT_QUEUE, PRIORITY_MAX, PRIORITY_MIN, SCHEDULE_HORIZON
+from .states import DEDUPE_KEY_LENGTH, DEFAULT_QUEUE, PRIORITY_MAX, PRIORITY_MIN, RELEASED_AT_START, SCHEDULE_HORIZON
 
 """The largest payload accepted, in bytes of its compact UTF-8 JSON encoding (1 MiB).
 
@@ -78,7 +79,9 @@ class JobSpec:
     ``max_attempts``: the job's own limit, which wins over its task's; None
     leaves it to the task's, else 20 (:data:`~sa_jobqueue.mixin.DEFAULT_MAX_ATTEMPTS`).
     ``dedupe_key``: while a live (pending or running) job of the same queue
-    holds this key, enqueueing returns that job instead of a new one.
+    holds this key, enqueueing returns that job instead of a new one; a
+    :class:`~sa_jobqueue.Dedupe` says what else to do then, and for how long
+    the key is held (:mod:`sa_jobqueue.dedupe`).
     ``extra``: values for the model's own columns.
     ``meta``: what travels with the job besides its payload (a JSON object,
     at most :data:`~sa_jobqueue.payloads.MAX_META_BYTES` encoded), stored in
@@ -92,7 +95,7 @@ class JobSpec:
     run_at: datetime | None = None
     delay: timedelta | float | None = None
     max_attempts: int | None = None
-    dedupe_key: str | None = None
+    dedupe_key: str | Dedupe | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     meta: Mapping[str, Any] | None = None
 
@@ -106,6 +109,23 @@ def check_specs(jobs: object) -> list[JobSpec]:
         if not isinstance(spec, JobSpec):
             raise InvalidArgumentError("jobs", f"items must be JobSpec, got {type(spec).__name__}")
     return specs
+
+
+def check_dedupe(value: object) -> Dedupe | None:
+    """A ``dedupe_key`` argument, checked: None, a key (as ``Dedupe(key)``) or a :class:`Dedupe`."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return Dedupe(check_name("dedupe_key", value, DEDUPE_KEY_LENGTH))
+    if not isinstance(value, Dedupe):
+        raise InvalidArgumentError("dedupe_key", f"must be a string or a Dedupe, got {type(value).__name__}")
+    key = check_name("dedupe_key", value.key, DEDUPE_KEY_LENGTH)
+    for name, allowed in (("on_conflict", get_args(OnConflict)), ("until", get_args(HeldUntil))):
+        given = getattr(value, name)
+        if given not in allowed:
+            raise InvalidArgumentError(f"dedupe_key.{name}", f"must be one of {', '.join(allowed)}; got {shown(given)}")
+    return Dedupe(key, value.on_conflict, value.until)
+
 
 
 # -- one job ------------------------------------------------------------------
@@ -137,9 +157,7 @@ def to_row(
         raise InvalidArgumentError("jobs", f"items must be JobSpec, got {type(spec).__name__}")
     if spec.run_at is not None and spec.delay is not None:
         raise InvalidArgumentError("run_at", "give run_at or delay, not both")
-    dedupe_key = spec.dedupe_key
-    if dedupe_key is not None:
-        dedupe_key = check_name("dedupe_key", dedupe_key, DEDUPE_KEY_LENGTH)
+    dedupe = check_dedupe(spec.dedupe_key)
     row: dict[str, Any] = {
         "task": check_name("task", spec.task),
         "queue": check_name("queue", spec.queue),
@@ -148,10 +166,15 @@ def to_row(
         "max_attempts": (
             None if spec.max_attempts is None else int_between("max_attempts", spec.max_attempts, 1, INT32_MAX)
         ),
-        "dedupe_key": dedupe_key,
+        "dedupe_key": None if dedupe is None else dedupe.key,
         "run_at": check_aware("run_at", spec.run_at),
         "delay": check_delay("delay", spec.delay),
     }
+    if dedupe is not None:
+        # Not a column: what the enqueue does on a conflict (sa_jobqueue.enqueue takes it out of the row).
+        row[ROW_KEY] = dedupe
+        if dedupe.until == "started":
+            row["dedupe_until"] = RELEASED_AT_START
     if spec.meta is not None:  # no key otherwise: the statements without meta stay the ones they were
         row["meta"] = check_meta(spec.meta)
     row.update(_check_extra(spec.extra, user_columns))
@@ -161,7 +184,7 @@ def to_row(
 __all__ = [
     "FINISHED_STATUSES", "INT32_MAX", "INT64_MAX", "LOCKED_BY_LENGTH", "MAX_ERROR_LENGTH", "MAX_PAYLOAD_BYTES",
     "MAX_POLL_INTERVAL", "SCHEDULE_HORIZON", "JobSpec", "check_aware", "check_bool", "check_claimed",
-    "check_claimed_many", "check_delay", "check_duration", "check_job_id", "check_lease", "check_name",
+    "check_claimed_many", "check_dedupe", "check_delay", "check_duration", "check_job_id", "check_lease", "check_name",
     "check_older_than", "check_payload", "check_poll_interval", "check_queues", "check_session", "check_specs",
     "check_statuses", "check_task_limits", "check_text", "check_timeout", "check_worker_name", "clean_error",
     "int_between", "positive_int", "shown", "text_problem", "to_row",

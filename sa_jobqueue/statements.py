@@ -19,7 +19,6 @@ must match: a generic plan of a prepared statement cannot prove that
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -53,7 +52,16 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.types import Boolean, DateTime, Uuid
 
-from .states import CANCELLED, DEAD, DEDUPE_PREDICATE, DEFAULT_MAX_ATTEMPTS, DONE, PENDING, RUNNING
+from .states import (
+    CANCELLED,
+    DEAD,
+    DEDUPE_PREDICATE,
+    DEFAULT_MAX_ATTEMPTS,
+    DONE,
+    PENDING,
+    RELEASED_AT_START,
+    RUNNING,
+)
 
 # The statuses as SQL literals, for predicates a partial index must match.
 PENDING_LITERAL: ColumnElement[str] = literal_column(f"'{PENDING}'")
@@ -110,18 +118,6 @@ def insert_jobs(model: Any, *, dedupe: bool) -> Insert:
             index_elements=["queue", "dedupe_key"], index_where=text(DEDUPE_PREDICATE)
         )
     return stmt
-
-
-def live_jobs_by_dedupe_key(
-    model: Any, columns: Sequence[Any], queues: Sequence[str], keys: Sequence[str]
-) -> Select[Any]:
-    """The live jobs holding any of the given ``(queue, dedupe_key)`` pairs (a superset)."""
-    t: Table = model.__table__
-    return select(*columns).where(
-        t.c.queue.in_(set(queues)),
-        t.c.dedupe_key.in_(set(keys)),
-        t.c.status.in_((PENDING, RUNNING)),
-    )
 
 
 def queue_keys(count: int) -> list[str]:
@@ -185,6 +181,8 @@ def claim(model: Any, queue_count: int = 1, bound: int = 1) -> Update:
             locked_by=bindparam("worker"),
             lease_expires_at=func.now() + bindparam("lease", type_=Interval()),
             lock_token=func.gen_random_uuid(),
+            # A key held until the job starts is given up as it starts (sa_jobqueue.dedupe).
+            dedupe_key=case((t.c.dedupe_until == RELEASED_AT_START, None), else_=t.c.dedupe_key),
         )
     )
 

@@ -47,6 +47,9 @@ def sql_list(values: tuple[str, ...]) -> str:
 CLAIM_PREDICATE = f"status = '{PENDING}'"
 LEASE_PREDICATE = f"status = '{RUNNING}'"
 DEDUPE_PREDICATE = f"dedupe_key IS NOT NULL AND status IN ({sql_list(LIVE_STATUSES)})"
+# The dedupe_until of a job whose key is held until it starts: the claim clears
+# its dedupe_key (sa_jobqueue.dedupe). NULL: held while the job is live.
+RELEASED_AT_START = "started"
 
 
 # What a job column holds when an enqueue leaves it out, as Python values. The

@@ -16,6 +16,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from .arguments import Parameters, parameters_of, returns_value
 from .checks import check_bool, check_name, check_timeout, int_between, positive_int
 from .configured import ConfiguredTask, JobOptions, check_repository
+from .dedupe import Dedupe
 from .errors import InvalidArgumentError
 from .job_context import JobContext
 from .middleware import HandlerCall, Middleware, call_through, call_through_async
@@ -136,7 +137,7 @@ class Task(Generic[P, R]):
         run_at: datetime | None = None,
         delay: timedelta | float | None = None,
         max_attempts: int | None = None,
-        dedupe_key: str | None = None,
+        dedupe_key: str | Dedupe | None = None,
         extra: Mapping[str, Any] | None = None,
         repository: Any = None,
         meta: Mapping[str, Any] | None = None,

@@ -28,6 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqllog import recorded_sql
 
 from sa_jobqueue import (
+    Dedupe,
     InvalidArgumentError,
     JobMixin,
     JobQueueError,
@@ -214,8 +215,14 @@ ENQUEUE = [
         for label, value in [
             ("int", 5), ("bytes", b"k"), ("empty", ""), ("nul", "k\x00"), ("surrogate", SURROGATE),
             ("long", "k" * 256),
+            ("dedupe-empty", Dedupe("")), ("dedupe-int-key", Dedupe(5)),  # type: ignore[arg-type]
         ]
     ),
+    # a Dedupe's options: only the documented words
+    _enqueue_row({"dedupe_key": Dedupe("k", on_conflict="update")},  # type: ignore[arg-type]
+                 "dedupe_key.on_conflict", id="dedupe-on_conflict"),
+    _enqueue_row({"dedupe_key": Dedupe("k", until="running")},  # type: ignore[arg-type]
+                 "dedupe_key.until", id="dedupe-until"),
     # payload: not JSON, NaN and infinity, NUL and surrogates in keys and values, size
     *(
         _enqueue_row({"payload": value}, "payload", id=f"payload-{label}")
@@ -301,6 +308,7 @@ def test_enqueue_refuses(db: Engine, world: World, kwargs: dict[str, Any], param
     }), parameter)
     # In bulk: the good spec before the bad one is not sent either.
     refused(db, lambda s: jobs.enqueue_many(s, [JobSpec("noop"), JobSpec(**args)]), parameter)
+    refused(db, lambda s: jobs.enqueue_many_report(s, [JobSpec("noop"), JobSpec(**args)]), parameter)
 
 
 @pytest.mark.parametrize(

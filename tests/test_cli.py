@@ -108,6 +108,13 @@ def test_enqueue_stats_list_show(cli_url: str, cli_engine: Engine) -> None:
     second = int(ok(cli_url, "enqueue", "record", "--delay", "3600", "--dedupe-key", "k1"))
     again = int(ok(cli_url, "enqueue", "record", "--dedupe-key", "k1"))
     assert again == second != first
+    replaced = int(ok(cli_url, "enqueue", "record", "--payload", '{"n": 2}', "--dedupe-key", "k1",
+                      "--on-conflict", "replace"))
+    assert replaced == second
+    with cli_engine.connect() as conn:
+        assert conn.execute(select(Job.payload, Job.run_at <= func.now()).where(Job.id == second)).one() == (
+            {"n": 2}, True)  # the new payload, and the new run time: now, not in an hour
+    assert_one_line_error(run(cli_url, "enqueue", "record", "--on-conflict", "replace"), contains="--dedupe-key")
 
     stats = ok(cli_url, "stats")
     lines = stats.splitlines()

@@ -216,7 +216,7 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     assert {DEFAULT_TABLE, "sa_jobqueue_alembic_version"} <= tables(url)
     assert_job_objects(url, DEFAULT_TABLE)
     assert reloptions(url, DEFAULT_TABLE) == expected_reloptions(dict(QUEUE_STORAGE))
-    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0005",)]
+    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0006",)]
     # The application's history and tables are left alone.
     assert query(url, "SELECT version_num FROM alembic_version") == [("app_rev_42",)]
     # The schema the revisions build is the schema the model declares.
@@ -651,11 +651,13 @@ def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the
         "    sa.Column('meta', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), "
         "nullable=True),\n", ""
     ).replace(
+        "    sa.Column('dedupe_until', sa.String(length=16), nullable=True),\n", ""
+    ).replace(
         "sa.Column('max_attempts', sa.Integer(), nullable=True)",
         "sa.Column('max_attempts', sa.Integer(), server_default=sa.text('20'), nullable=False)",
     )
     assert "cancel_requested_at" not in previous and "server_default=sa.text('20')" in previous
-    assert "'result'" not in previous and "'meta'" not in previous
+    assert "'result'" not in previous and "'meta'" not in previous and "'dedupe_until'" not in previous
     first.write_text(previous)
     alembic_cli("upgrade", "head", cwd=user_project, database_url=url)
     execute(url, "INSERT INTO email_jobs (task) VALUES ('noop')")
@@ -676,6 +678,8 @@ def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the
             "nullable=True))"
         ) in source
         assert f"op.drop_column('{table}', 'cancel_requested_at')" in source
+        assert (f"op.add_column('{table}', sa.Column('dedupe_until', sa.String(length=16), nullable=True))"
+                in source)
         # max_attempts: nullable now; the server default's drop is left to the
         # user (autogenerate compares defaults only with compare_server_default).
         assert (

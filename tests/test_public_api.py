@@ -16,7 +16,7 @@ PUBLIC_API = [
     "RetryPolicy", "Task", "TaskRegistry", "Worker", "WorkerResult", "WorkerStuckError", "job_table_args",
     "psycopg_url", "Periodic", "PeriodicScheduler", "create_periodic_table", "ConfiguredTask", "JobContext",
     "HandlerCall", "JobFailedError", "JobNotFoundError", "ResultNotReadyError", "ResultTimeoutError", "read_result",
-    "wait_for_result",
+    "wait_for_result", "Dedupe", "EnqueueOutcome",
 ]
 
 

@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
 
 from ..claim import DEFAULT_LEASE
+from ..dedupe import Dedupe, EnqueueOutcome
 from ..errors import InvalidArgumentError
 from ..mixin import JobMixin
 from ..reports import LeaseReport, QueueStats, ReapResult
@@ -87,7 +88,7 @@ class AsyncJobRepository(Generic[M]):
         run_at: datetime | None = None,
         delay: timedelta | float | None = None,
         max_attempts: int | None = None,
-        dedupe_key: str | None = None,
+        dedupe_key: str | Dedupe | None = None,
         extra: dict[str, Any] | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> M:
@@ -100,6 +101,10 @@ class AsyncJobRepository(Generic[M]):
     async def enqueue_many(self, session: AsyncSession, jobs: Iterable[JobSpec]) -> list[M]:
         """:meth:`JobRepository.enqueue_many <sa_jobqueue.JobRepository.enqueue_many>`, awaited."""
         return await check_async_session(session).run_sync(self.sync.enqueue_many, jobs)
+
+    async def enqueue_many_report(self, session: AsyncSession, jobs: Iterable[JobSpec]) -> list[EnqueueOutcome[M]]:
+        """:meth:`JobRepository.enqueue_many_report <sa_jobqueue.JobRepository.enqueue_many_report>`, awaited."""
+        return await check_async_session(session).run_sync(self.sync.enqueue_many_report, jobs)
 
     # -- claim and the fenced verbs --------------------------------------
 

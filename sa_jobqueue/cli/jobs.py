@@ -10,6 +10,7 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ..dedupe import Dedupe, HeldUntil, OnConflict
 from ..states import STATUSES
 from .database import database_errors
 from .errors import CliError, CliUsageError, OneLineCommand, OneLineGroup
@@ -35,11 +36,17 @@ __all__ = ["enqueue_command", "jobs_group"]
 @click.option("--max-attempts", type=int, default=None,
               help="Attempts before the job is dead (default: the task's max_attempts, else 20).")
 @click.option("--dedupe-key", default=None, help="Skip the insert while a live job of the queue holds this key.")
+@click.option("--on-conflict", type=click.Choice(["skip", "replace", "debounce"]), default="skip", show_default=True,
+              help="With --dedupe-key, when a pending job holds the key: leave it (skip), give it this job's payload "
+                   "and run time (replace), or move its run time to this job's when later (debounce).")
+@click.option("--key-held-until", "until", type=click.Choice(["finished", "started"]), default="finished",
+              show_default=True, help="With --dedupe-key: the job holds the key until it finishes, or until it starts.")
 @model_option
 @click.pass_context
 def enqueue_command(
     ctx: click.Context, task: str, payload: str | None, args: tuple[str, ...], tasks_path: str | None, queue: str,
-    priority: int, delay: float | None, max_attempts: int | None, dedupe_key: str | None, model_path: str,
+    priority: int, delay: float | None, max_attempts: int | None, dedupe_key: str | None, on_conflict: OnConflict,
+    until: HeldUntil, model_path: str,
 ) -> None:
     """Enqueue one job of TASK and print its id."""
     # No --payload, or a JSON null, is the library's payload=None: stored as {}.
@@ -63,10 +70,16 @@ def enqueue_command(
         value, queue, priority = typed.payload, typed.queue, typed.priority
         bound = None if "model_path" in given else typed.repository
         repository = bound if bound is not None else repository_for(ctx, model_path)
+    dedupe: Dedupe | None = None
+    if dedupe_key is not None:
+        dedupe = Dedupe(dedupe_key, on_conflict=on_conflict, until=until)
+    elif any(ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+             for name in ("on_conflict", "until")):
+        raise CliUsageError("--on-conflict and --key-held-until need --dedupe-key")
     engine = cli_state(ctx).engine()
     with database_errors(engine, repository.table.name), Session(engine) as session, session.begin():
         job = repository.enqueue(
-            session, task, value, queue=queue, priority=priority, delay=delay, dedupe_key=dedupe_key,
+            session, task, value, queue=queue, priority=priority, delay=delay, dedupe_key=dedupe,
             max_attempts=max_attempts,
         )
         job_id = job.id
