@@ -15,6 +15,10 @@ enqueue returns that job and inserts nothing. :class:`Dedupe` says more:
   running) or ``"started"`` (held while it is pending only: the claim that
   starts the job gives its key up, so a new job of the key may wait while it
   runs).
+* ``window``: on a table that keeps finished jobs, a job of the key that
+  finished ``done`` and was enqueued less than ``window`` ago holds the key
+  too: at most one job of a key per window (Oban's ``period``), measured on
+  the database's clock from the finished job's ``created_at``.
 
 :class:`EnqueueOutcome` is what
 :meth:`~sa_jobqueue.JobRepository.enqueue_many_report` returns per job: the
@@ -24,6 +28,7 @@ job that holds the key after the call, and what the call did.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Generic, Literal, TypeVar
 
 OnConflict = Literal["skip", "replace", "debounce"]
@@ -53,6 +58,7 @@ class Dedupe:
     key: str
     on_conflict: OnConflict = "skip"
     until: HeldUntil = "finished"
+    window: timedelta | None = None
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,10 @@ from sqlalchemy.orm import Session
 
 from . import bulk, enqueue_hooks, keyed, statements
 from .copying import copy_connection
-from .dedupe import DEBOUNCED, DUPLICATE, INSERTED, REPLACED, ROW_KEY, EnqueueOutcome, OnConflict, Outcome
+from .dedupe import DEBOUNCED, DUPLICATE, INSERTED, REPLACED, ROW_KEY, Dedupe, EnqueueOutcome, OnConflict, Outcome
 from .direct import DirectStatement
 from .enqueue_hooks import EnqueueHook, Enqueueing
+from .errors import InvalidArgumentError
 from .mixin import JobMixin
 from .payloads import check_meta
 from .snapshot import Snapshots
@@ -106,6 +107,9 @@ class Enqueuer(Generic[M]):
             "replace": keyed.take_over(model, returned, debounce=False),
             "debounce": keyed.take_over(model, returned, debounce=True),
         }
+        self._done_holder = keyed.done_holder(model, returned)
+        self._discard = keyed.discard(model)
+        self._keep_done = bool(getattr(model, "__keep_done__", False))
         # One job: sent through psycopg's cursor where nothing would notice (:mod:`sa_jobqueue.direct`).
         types = [column.type for column in returned]
         self._insert_one = DirectStatement(statements.insert_jobs(model, dedupe=False).returning(*returned),
@@ -138,7 +142,12 @@ class Enqueuer(Generic[M]):
         return [outcome.job for outcome in self.many_report(session, rows, notify=notify)]
 
     def many_report(self, session: Session, rows: list[dict[str, Any]], *, notify: bool) -> list[EnqueueOutcome[M]]:
-        """:meth:`many`, with what the call did for each row (:class:`~sa_jobqueue.dedupe.EnqueueOutcome`)."""
+        """:meth:`many`, with what the call did for each row (:class:`~sa_jobqueue.dedupe.EnqueueOutcome`).
+        Raise :class:`InvalidArgumentError` before writing anything when a row has a dedupe window and
+        this table deletes finished jobs."""
+        if not self._keep_done and any(row.get(ROW_KEY) and row[ROW_KEY].window is not None for row in rows):
+            raise InvalidArgumentError("dedupe_key.window", f"counts finished jobs, which {self.table.name} does "
+                                       "not keep (set __keep_done__ = True on its model)")
         hooks = enqueue_hooks.HOOKS
         if not (hooks and rows):  # an empty enqueue_many writes nothing: nothing to wrap
             return self._many(session, rows, notify)
@@ -185,13 +194,13 @@ class Enqueuer(Generic[M]):
         up to :data:`DEADLOCK_TRIES` times.
         """
         deadlocks = freed = 0
-        on_conflict: OnConflict = rows[0][ROW_KEY].on_conflict  # one per statement (bulk.write_order)
+        dedupes: list[Dedupe] = [row[ROW_KEY] for row in rows]
         plain = [{k: v for k, v in row.items() if k != ROW_KEY} for row in rows]
         while True:
             last = freed == FREED_KEY_TRIES - 1
             try:
                 with session.begin_nested():
-                    outcomes = self._insert_keyed(session, plain, on_conflict, free_keys_now=last)
+                    outcomes = self._insert_keyed(session, plain, dedupes, free_keys_now=last)
                     if outcomes is None:
                         raise _KeyFreed  # rolls the SAVEPOINT back: the next try writes the key in order
                     return outcomes
@@ -203,16 +212,30 @@ class Enqueuer(Generic[M]):
                     raise
 
     def _insert_keyed(
-        self, session: Session, rows: list[dict[str, Any]], on_conflict: OnConflict, *, free_keys_now: bool
+        self, session: Session, rows: list[dict[str, Any]], dedupes: list[Dedupe], *, free_keys_now: bool
     ) -> list[EnqueueOutcome[M]] | None:
-        """Rows with a dedupe key (one statement's worth): each row's new job,
-        or the job holding its key, changed as ``on_conflict`` says when it is
-        pending. None when a key was freed between the INSERT and the SELECT,
-        unless ``free_keys_now``: then such a row is inserted on its own."""
+        """Rows with a dedupe key (one statement's worth, one ``on_conflict``)
+        and their ``dedupes``: each row's new job, or the job holding its key,
+        changed as ``on_conflict`` says when it is pending. None when a key
+        was freed between the INSERT and the SELECT, unless ``free_keys_now``:
+        then such a row is inserted on its own."""
+        on_conflict = dedupes[0].on_conflict  # one per statement (bulk.write_order)
         inserted = self.snapshots.all(session.execute(self._insert_dedupe, rows).all())
         # Each key's job as it stands now: the row this statement inserted, or a holder (changed or not).
         latest: dict[tuple[str, str | None], M] = {(job.queue, job.dedupe_key): job for job in inserted}
         fresh = set(latest)  # keys inserted here: the first row of each is the one inserted
+        for row, dedupe in zip(rows, dedupes, strict=True):
+            key = (row["queue"], row["dedupe_key"])
+            if dedupe.window is not None and key in fresh:
+                # After the INSERT, not before: a holder that finishes meanwhile is then seen, done.
+                fresh.discard(key)
+                holder = session.execute(self._done_holder, {
+                    "sajq_queue": key[0], "sajq_key": key[1], "sajq_window": dedupe.window}).first()
+                if holder is None:
+                    fresh.add(key)
+                else:  # a job of the key finished within the window: it wins, the new row goes
+                    session.execute(self._discard, {"sajq_id": latest[key].id})
+                    latest[key] = self.snapshots.one(holder)
         done: list[tuple[tuple[str, str | None], Outcome]] = []
         take_over = self._take_over.get(on_conflict)
         for row in rows:
@@ -235,11 +258,11 @@ class Enqueuer(Generic[M]):
             holders = self.snapshots.all(session.execute(held).all())
             latest.update({(job.queue, job.dedupe_key): job for job in holders})
         outcomes: list[EnqueueOutcome[M]] = []
-        for row, (key, outcome) in zip(rows, done, strict=True):
+        for n, (row, (key, outcome)) in enumerate(zip(rows, done, strict=True)):
             if key not in latest:  # its holder finished under the statement: the key is free
                 if not free_keys_now:
                     return None
-                again = self._insert_keyed(session, [row], on_conflict, free_keys_now=True)
+                again = self._insert_keyed(session, [row], [dedupes[n]], free_keys_now=True)
                 assert again is not None  # free_keys_now never gives up
                 latest[key], outcome = again[0].job, again[0].outcome
             outcomes.append(EnqueueOutcome(latest[key], outcome))

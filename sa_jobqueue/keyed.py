@@ -3,11 +3,14 @@
 The INSERT of keyed rows (``ON CONFLICT DO NOTHING`` on the partial unique
 index, :func:`sa_jobqueue.statements.insert_jobs`) never locks a row it meets.
 What follows it for the rows it skipped is here: :func:`take_over` changes a
-pending holder (``replace``, ``debounce``) and :func:`live_holders` reads the
-holders left as they are. ``take_over`` matches pending rows only, so it never
-waits on a running job's row (a worker's heartbeat and completion of that job
-never wait on the enqueueing transaction); it locks the pending holder it
-changes until the caller commits, which a claim skips (``SKIP LOCKED``).
+pending holder (``replace``, ``debounce``), :func:`live_holders` reads the
+holders left as they are, and :func:`done_holder` finds the finished job that
+holds a key within a dedupe window (whose new row :func:`discard` removes).
+
+``take_over`` matches pending rows only, so it never waits on a running
+job's row (and a worker's heartbeat and completion of that job never wait on
+the enqueueing transaction); it locks the pending holder it changes until the
+caller commits, which a claim skips (``SKIP LOCKED``).
 """
 
 from __future__ import annotations
@@ -15,9 +18,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import DateTime, Interval, Select, String, Table, Update, bindparam, func, select, update
+from sqlalchemy import (
+    DateTime,
+    Delete,
+    Interval,
+    Select,
+    String,
+    Table,
+    Update,
+    bindparam,
+    delete,
+    func,
+    literal_column,
+    select,
+    update,
+)
 
-from .states import LIVE_STATUSES, PENDING
+from .states import DONE, LIVE_STATUSES, PENDING
 
 
 def live_holders(model: Any, columns: Sequence[Any], queues: Sequence[str], keys: Sequence[str]) -> Select[Any]:
@@ -57,6 +74,30 @@ def take_over(model: Any, columns: Sequence[Any], *, debounce: bool) -> Update:
     )
 
 
+def done_holder(model: Any, columns: Sequence[Any]) -> Select[Any]:
+    """The latest ``done`` job of ``(sajq_queue, sajq_key)`` enqueued less than ``sajq_window`` ago
+    (database clock), through ``ix_<table>_dedupe_done_v1``."""
+    t: Table = model.__table__
+    return (
+        select(*columns)
+        .where(
+            t.c.queue == bindparam("sajq_queue", type_=String()),
+            t.c.dedupe_key == bindparam("sajq_key", type_=String()),
+            # A literal, as in the index predicate: a generic plan still proves the partial index usable.
+            t.c.status == literal_column(f"'{DONE}'"),
+            t.c.created_at > func.now() - bindparam("sajq_window", type_=Interval()),
+        )
+        .order_by(t.c.created_at.desc())
+        .limit(1)
+    )
+
+
+def discard(model: Any) -> Delete:
+    """Delete the job ``sajq_id`` (one this transaction inserted, that a done holder outranks)."""
+    t: Table = model.__table__
+    return delete(t).where(t.c.id == bindparam("sajq_id"))
+
+
 def take_over_params(row: dict[str, Any]) -> dict[str, Any]:
     """:func:`take_over`'s parameters for a checked row."""
     return {
@@ -65,4 +106,4 @@ def take_over_params(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-__all__ = ["live_holders", "take_over", "take_over_params"]
+__all__ = ["discard", "done_holder", "live_holders", "take_over", "take_over_params"]

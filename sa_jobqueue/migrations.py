@@ -23,7 +23,9 @@ written by hand:
 * :func:`upgrade_claim_index` / :func:`downgrade_claim_index`: build the
   claim index ``ix_<t>_claim_v2`` (which leads with ``queue``) without
   blocking the queue, ``CREATE INDEX CONCURRENTLY``, then drop ``_v1``;
-  autogenerate writes a plain, blocking create and drop instead.
+  autogenerate writes a plain, blocking create and drop instead;
+* :func:`create_dedupe_done_index` / :func:`drop_dedupe_done_index`: the
+  same for the index of dedupe windows, ``ix_<t>_dedupe_done_v1``.
 
 Each helper validates its arguments before emitting anything and raises
 :class:`~sa_jobqueue.errors.InvalidArgumentError` naming the bad one: names
@@ -49,10 +51,12 @@ from .ddl import check_name, check_schema, index_valid, qualified, quote, requir
 from .errors import InvalidArgumentError
 from .mixin import (
     CLAIM_INDEX_COLUMNS,
+    DEDUPE_DONE_INDEX_COLUMNS,
     MAX_IDENTIFIER_BYTES,
     MAX_TABLE_NAME_BYTES,
     claim_index_name,
     claim_index_v1_name,
+    dedupe_done_index_name,
     dedupe_index_name,
     lease_index_name,
     max_attempts_check_name,
@@ -150,16 +154,12 @@ def set_queue_storage(
     parameters = queue_storage(**overrides)
     if not parameters:
         raise InvalidArgumentError("overrides", "every storage parameter was left out")
-    settings = ", ".join(
-        f"{_check_parameter(k)} = {_render_value(k, v)}" for k, v in parameters.items()
-    )
+    settings = ", ".join(f"{_check_parameter(k)} = {_render_value(k, v)}" for k, v in parameters.items())
     require_table("table_name", table, schema)
     op.execute(f"ALTER TABLE {qualified(table, schema)} SET ({settings})")
 
 
-def reset_queue_storage(
-    table_name: str, *parameters: str, schema: str | None = None
-) -> None:
+def reset_queue_storage(table_name: str, *parameters: str, schema: str | None = None) -> None:
     """``ALTER TABLE table_name RESET (…)``: back to the server's defaults.
 
     Resets the given ``parameters``, or every key of :data:`QUEUE_STORAGE`
@@ -203,7 +203,8 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
 
     * the table (its rows, grants and storage parameters stay);
     * the indexes ``ix_<old>_claim_v2``, ``ix_<old>_lease_v1``,
-      ``uq_<old>_dedupe_v1`` and the checks ``ck_<old>_status_v1``,
+      ``uq_<old>_dedupe_v1`` (and ``ix_<old>_dedupe_done_v1`` when it
+      exists) and the checks ``ck_<old>_status_v1``,
       ``ck_<old>_max_attempts_v1`` to their ``<new>`` names; these must exist;
     * the primary key ``<old>_pkey`` and identity sequence ``<old>_id_seq``
       when they carry PostgreSQL's default names (skipped otherwise, e.g.
@@ -244,12 +245,11 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
     old_pkey, old_seq = before["default_names"]
     new_pkey, new_seq = after["default_names"]
     # Renaming the index behind a primary key renames the constraint with it.
-    op.execute(
-        f"ALTER INDEX IF EXISTS {qualified(old_pkey, schema)} RENAME TO {quote(new_pkey)}"
-    )
-    op.execute(
-        f"ALTER SEQUENCE IF EXISTS {qualified(old_seq, schema)} RENAME TO {quote(new_seq)}"
-    )
+    op.execute(f"ALTER INDEX IF EXISTS {qualified(old_pkey, schema)} RENAME TO {quote(new_pkey)}")
+    op.execute(f"ALTER SEQUENCE IF EXISTS {qualified(old_seq, schema)} RENAME TO {quote(new_seq)}")
+    # Tables made before the dedupe window's index (revision 0006) may not have it yet.
+    op.execute(f"ALTER INDEX IF EXISTS {qualified(dedupe_done_index_name(old), schema)} "
+               f"RENAME TO {quote(dedupe_done_index_name(new))}")
     op.execute(_rename_not_null_constraints(old, new, table))
 
 
@@ -321,6 +321,31 @@ def downgrade_claim_index(
                    drop=claim_index_name)
 
 
+def create_dedupe_done_index(
+    table_name: str, *, schema: str | None = None, concurrently: bool | None = None
+) -> None:
+    """Build ``ix_<t>_dedupe_done_v1``, where a dedupe window finds a key's finished jobs
+    (:func:`~sa_jobqueue.mixin.job_table_args`); ``concurrently`` as in :func:`upgrade_claim_index`."""
+    _replace_index(table_name, schema, concurrently, build=dedupe_done_index_name,
+                   columns=DEDUPE_DONE_INDEX_COLUMNS, drop=None, where=states.DEDUPE_DONE_PREDICATE)
+
+
+def drop_dedupe_done_index(
+    table_name: str, *, schema: str | None = None, concurrently: bool | None = None
+) -> None:
+    """The reverse of :func:`create_dedupe_done_index`."""
+    table = check_name("table_name", table_name)
+    checked_schema = check_schema(schema)
+    how = " CONCURRENTLY" if _check_concurrently(concurrently) else ""
+    require_table("table_name", table, checked_schema)
+    statement = f"DROP INDEX{how} IF EXISTS {qualified(dedupe_done_index_name(table), checked_schema)}"
+    if how:
+        with op.get_context().autocommit_block():
+            op.execute(statement)
+    else:
+        op.execute(statement)
+
+
 def _check_concurrently(concurrently: object) -> bool:
     """``concurrently`` as given, or when None: unless the caller's transaction holds the revision."""
     if concurrently is None:
@@ -332,25 +357,28 @@ def _check_concurrently(concurrently: object) -> bool:
 
 def _replace_index(
     table_name: object, schema: object, concurrently: object, *,
-    build: Callable[[str], str], columns: tuple[str, ...], drop: Callable[[str], str],
+    build: Callable[[str], str], columns: tuple[str, ...], drop: Callable[[str], str] | None,
+    where: str = states.CLAIM_PREDICATE,
 ) -> None:
-    """Build index ``build(table)`` on ``columns`` (claim predicate), then drop ``drop(table)``;
-    every argument checked before anything runs."""
+    """Build index ``build(table)`` on ``columns`` (``where``, the claim predicate unless given),
+    then drop ``drop(table)`` unless None; every argument checked before anything runs."""
     table = check_name("table_name", table_name)
     checked_schema = check_schema(schema)
     concurrent = _check_concurrently(concurrently)
     require_table("table_name", table, checked_schema)
-    _build_then_drop(table, checked_schema, concurrent, build=build(table), columns=columns, drop=drop(table))
+    _build_then_drop(table, checked_schema, concurrent, build=build(table), columns=columns,
+                     drop=None if drop is None else drop(table), where=where)
 
 
 def _build_then_drop(
-    table: str, schema: str | None, concurrently: bool, *, build: str, columns: tuple[str, ...], drop: str
+    table: str, schema: str | None, concurrently: bool, *, build: str, columns: tuple[str, ...], drop: str | None,
+    where: str,
 ) -> None:
     context = op.get_context()
     how = " CONCURRENTLY" if concurrently else ""
     create = (
         f"CREATE INDEX{how} {quote(build)} ON {qualified(table, schema)} "
-        f"({', '.join(quote(c) for c in columns)}) WHERE {states.CLAIM_PREDICATE}"
+        f"({', '.join(quote(c) for c in columns)}) WHERE {where}"
     )
 
     def run() -> None:
@@ -359,7 +387,8 @@ def _build_then_drop(
             op.execute(f"DROP INDEX{how} {qualified(build, schema)}")
         if valid is not True:
             op.execute(create)
-        op.execute(f"DROP INDEX{how} IF EXISTS {qualified(drop, schema)}")
+        if drop is not None:
+            op.execute(f"DROP INDEX{how} IF EXISTS {qualified(drop, schema)}")
 
     if concurrently:
         with context.autocommit_block():

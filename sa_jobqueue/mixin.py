@@ -7,7 +7,7 @@ Add the mixin to your own model and give it a table name::
         tenant_id: Mapped[int | None]       # your own columns sit alongside
 
 Each model gets its own table with the job columns, a named CHECK on the
-status, and three indexes whose names derive from the table name, so any
+status, and four indexes whose names derive from the table name, so any
 number of job tables live side by side on one or several ``Base`` classes:
 
 * ``ix_<table>_claim_v2``: partial index ``(queue, priority, run_at, id)
@@ -17,7 +17,11 @@ number of job tables live side by side on one or several ``Base`` classes:
 * ``ix_<table>_lease_v1``: partial index ``(lease_expires_at) WHERE status =
   'running'`` for the reaper;
 * ``uq_<table>_dedupe_v1``: partial unique index ``(queue, dedupe_key)`` over
-  live jobs (pending or running), used by ``INSERT … ON CONFLICT``.
+  live jobs (pending or running), used by ``INSERT … ON CONFLICT``;
+* ``ix_<table>_dedupe_done_v1``: partial index ``(queue, dedupe_key,
+  created_at) WHERE dedupe_key IS NOT NULL AND status = 'done'``, where a
+  dedupe window finds the finished jobs of its key (empty on a table that
+  deletes finished jobs).
 
 Names carry a version because Alembic's autogenerate cannot compare a partial
 index predicate: a changed predicate ships under a new name.
@@ -65,6 +69,7 @@ from .states import (
     CLAIM_PREDICATE,
     COLUMN_DEFAULTS,
     DEAD,
+    DEDUPE_DONE_PREDICATE,
     DEDUPE_KEY_LENGTH,
     DEDUPE_PREDICATE,
     DEFAULT_MAX_ATTEMPTS,
@@ -95,6 +100,7 @@ def claim_index_v1_name(table_name: str) -> str:
 
 
 CLAIM_INDEX_COLUMNS = ("queue", "priority", "run_at", "id")
+DEDUPE_DONE_INDEX_COLUMNS = ("queue", "dedupe_key", "created_at")
 
 
 def lease_index_name(table_name: str) -> str:
@@ -103,6 +109,10 @@ def lease_index_name(table_name: str) -> str:
 
 def dedupe_index_name(table_name: str) -> str:
     return f"uq_{table_name}_dedupe_v1"
+
+
+def dedupe_done_index_name(table_name: str) -> str:
+    return f"ix_{table_name}_dedupe_done_v1"
 
 
 def status_check_name(table_name: str) -> str:
@@ -152,6 +162,11 @@ def job_table_args(table_name: str) -> tuple[Any, ...]:
             "dedupe_key",
             unique=True,
             postgresql_where=text(DEDUPE_PREDICATE),
+        ),
+        Index(
+            conv(dedupe_done_index_name(table_name)),
+            *DEDUPE_DONE_INDEX_COLUMNS,
+            postgresql_where=text(DEDUPE_DONE_PREDICATE),
         ),
     )
 
@@ -248,6 +263,8 @@ def job_table(model: Any) -> Any:
 __all__ = [
     "CANCELLED",
     "CLAIM_INDEX_COLUMNS",
+    "DEDUPE_DONE_INDEX_COLUMNS",
+    "DEDUPE_DONE_PREDICATE",
     "CLAIM_PREDICATE",
     "COLUMN_DEFAULTS",
     "DEAD",
@@ -270,6 +287,7 @@ __all__ = [
     "STATUSES",
     "claim_index_name",
     "claim_index_v1_name",
+    "dedupe_done_index_name",
     "dedupe_index_name",
     "job_table",
     "job_table_args",

@@ -124,7 +124,12 @@ def check_dedupe(value: object) -> Dedupe | None:
         given = getattr(value, name)
         if given not in allowed:
             raise InvalidArgumentError(f"dedupe_key.{name}", f"must be one of {', '.join(allowed)}; got {shown(given)}")
-    return Dedupe(key, value.on_conflict, value.until)
+    window = value.window
+    if window is not None:
+        window = check_duration("dedupe_key.window", window)
+        if value.until != "finished":
+            raise InvalidArgumentError("dedupe_key.window", "counts finished jobs: it needs until='finished'")
+    return Dedupe(key, value.on_conflict, value.until, window)
 
 
 

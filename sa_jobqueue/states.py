@@ -47,6 +47,8 @@ def sql_list(values: tuple[str, ...]) -> str:
 CLAIM_PREDICATE = f"status = '{PENDING}'"
 LEASE_PREDICATE = f"status = '{RUNNING}'"
 DEDUPE_PREDICATE = f"dedupe_key IS NOT NULL AND status IN ({sql_list(LIVE_STATUSES)})"
+# The finished jobs a dedupe window looks up (sa_jobqueue.dedupe), on tables that keep them.
+DEDUPE_DONE_PREDICATE = f"dedupe_key IS NOT NULL AND status = '{DONE}'"
 # The dedupe_until of a job whose key is held until it starts: the claim clears
 # its dedupe_key (sa_jobqueue.dedupe). NULL: held while the job is live.
 RELEASED_AT_START = "started"

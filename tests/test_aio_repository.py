@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
 from waiting import wait_for
 
-from sa_jobqueue import InvalidArgumentError, JobLostError, JobRepository, JobSpec
+from sa_jobqueue import Dedupe, InvalidArgumentError, JobLostError, JobRepository, JobSpec
 from sa_jobqueue.aio import AsyncJobRepository
 from sa_jobqueue.bulk import COPY_THRESHOLD
 from sa_jobqueue.default import Job
@@ -95,6 +95,14 @@ async def test_a_dedupe_key_returns_the_live_job(sessions: async_sessionmaker[As
         first = await tasks.enqueue(session, "report", {"first": True}, dedupe_key="daily")
         again = await tasks.enqueue(session, "report", {"other": True}, dedupe_key="daily")
     assert again.id == first.id and again.payload == {"first": True}
+
+
+async def test_enqueue_many_report_replaces_and_reports(sessions: async_sessionmaker[AsyncSession]) -> None:
+    replace = Dedupe("daily", on_conflict="replace")
+    async with sessions() as session, session.begin():
+        first = await tasks.enqueue(session, "report", {"n": 1}, dedupe_key=replace)
+        outcomes = await tasks.enqueue_many_report(session, [JobSpec("report", {"n": 2}, dedupe_key=replace)])
+    assert [(o.job.id, o.outcome, o.job.payload) for o in outcomes] == [(first.id, "replaced", {"n": 2})]
 
 
 async def test_an_enqueue_notifies_the_tables_channel_at_commit(

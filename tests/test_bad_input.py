@@ -223,6 +223,16 @@ ENQUEUE = [
                  "dedupe_key.on_conflict", id="dedupe-on_conflict"),
     _enqueue_row({"dedupe_key": Dedupe("k", until="running")},  # type: ignore[arg-type]
                  "dedupe_key.until", id="dedupe-until"),
+    *(
+        _enqueue_row({"dedupe_key": dedupe}, "dedupe_key.window", id=f"dedupe-window-{label}")
+        for label, dedupe in [
+            ("zero", Dedupe("k", window=timedelta(0))), ("seconds", Dedupe("k", window=60)),  # type: ignore[arg-type]
+            ("negative", Dedupe("k", window=timedelta(hours=-1))),
+            ("until-started", Dedupe("k", until="started", window=timedelta(hours=1))),
+            # task_jobs deletes finished jobs: a window there cannot be kept
+            ("table-keeps-no-finished-jobs", Dedupe("k", window=timedelta(hours=1))),
+        ]
+    ),
     # payload: not JSON, NaN and infinity, NUL and surrogates in keys and values, size
     *(
         _enqueue_row({"payload": value}, "payload", id=f"payload-{label}")

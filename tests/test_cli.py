@@ -115,6 +115,11 @@ def test_enqueue_stats_list_show(cli_url: str, cli_engine: Engine) -> None:
         assert conn.execute(select(Job.payload, Job.run_at <= func.now()).where(Job.id == second)).one() == (
             {"n": 2}, True)  # the new payload, and the new run time: now, not in an hour
     assert_one_line_error(run(cli_url, "enqueue", "record", "--on-conflict", "replace"), contains="--dedupe-key")
+    # The default table deletes finished jobs: a window is refused in one line, and nothing is written.
+    refused = run(cli_url, "enqueue", "record", "--dedupe-key", "k2", "--dedupe-window", "3600")
+    assert_one_line_error(refused, contains="dedupe_key.window")
+    with cli_engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Job).where(Job.dedupe_key == "k2")).scalar() == 0
 
     stats = ok(cli_url, "stats")
     lines = stats.splitlines()

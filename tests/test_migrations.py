@@ -537,6 +537,8 @@ def test_user_environment_autogenerate_upgrade_rename(
         assert "postgresql_where=sa.text(\"status = 'pending'\")" in source
         assert "postgresql_where=sa.text(\"status = 'running'\")" in source
         assert f"op.create_index(op.f('uq_{table}_dedupe_v1'), '{table}', " in source
+        assert (f"op.create_index(op.f('ix_{table}_dedupe_done_v1'), '{table}', "
+                "['queue', 'dedupe_key', 'created_at']") in source
         assert f"name=op.f('ck_{table}_status_v1')" in source
         assert f"name=op.f('ck_{table}_max_attempts_v1')" in source
     assert (
@@ -580,6 +582,7 @@ def test_user_environment_autogenerate_upgrade_rename(
         "ix_invoice_jobs_claim_v2",
         "ix_invoice_jobs_lease_v1",
         "uq_invoice_jobs_dedupe_v1",
+        "ix_invoice_jobs_dedupe_done_v1",  # renamed too
     }
     renamed_constraints = set(constraints(url, "invoice_jobs"))
     # PostgreSQL 18+ also lists NOT NULL constraints, named <table>_<column>_not_null.
@@ -657,6 +660,8 @@ def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the
         "sa.Column('max_attempts', sa.Integer(), server_default=sa.text('20'), nullable=False)",
     )
     assert "cancel_requested_at" not in previous and "server_default=sa.text('20')" in previous
+    # Nor the index of dedupe windows (each of its create and drop is one line of the revision).
+    previous = "".join(line for line in previous.splitlines(keepends=True) if "_dedupe_done_v1" not in line)
     assert "'result'" not in previous and "'meta'" not in previous and "'dedupe_until'" not in previous
     first.write_text(previous)
     alembic_cli("upgrade", "head", cwd=user_project, database_url=url)
@@ -680,6 +685,8 @@ def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the
         assert f"op.drop_column('{table}', 'cancel_requested_at')" in source
         assert (f"op.add_column('{table}', sa.Column('dedupe_until', sa.String(length=16), nullable=True))"
                 in source)
+        assert f"op.create_index(op.f('ix_{table}_dedupe_done_v1'), '{table}', " in source
+        assert f"op.drop_index(op.f('ix_{table}_dedupe_done_v1')" in source
         # max_attempts: nullable now; the server default's drop is left to the
         # user (autogenerate compares defaults only with compare_server_default).
         assert (

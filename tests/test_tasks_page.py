@@ -17,7 +17,7 @@ PAGE = Path(__file__).resolve().parent.parent / "docs" / "tasks.md"
 
 def test_the_tasks_page_runs(create_database: Callable[[], URL]) -> None:
     blocks = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(encoding="utf-8"), re.S | re.M)
-    assert len(blocks) == 9
+    assert len(blocks) == 10
     engine = create_engine(create_database())
     namespace: dict[str, Any] = {"engine": engine, "__name__": "tasks_page"}
     printed = io.StringIO()

@@ -8,11 +8,12 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from jobapp import TaskJob, jobs
-from sqlalchemy import Engine, func, select, text
+from jobapp import ReportJob, TaskJob, jobs, reports
+from sqlalchemy import Engine, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.orm import Session, sessionmaker
 
-from sa_jobqueue import Dedupe, EnqueueOutcome, JobSpec, TaskRegistry
+from sa_jobqueue import Dedupe, EnqueueOutcome, InvalidArgumentError, JobSpec, TaskRegistry
 
 LEASE = timedelta(seconds=60)
 LATER = timedelta(hours=1)
@@ -217,3 +218,93 @@ def test_replaced_run_at_is_measured_on_the_database_clock(sessions: sessionmake
         first = jobs.enqueue(session, "noop", dedupe_key="k")
         replaced = jobs.enqueue(session, "noop", dedupe_key=Dedupe("k", on_conflict="replace"), run_at=at)
     assert replaced.id == first.id and replaced.run_at == at
+
+
+# -- a dedupe window: finished jobs of the key count, on a table that keeps them
+
+
+def _finish(sessions: sessionmaker[Session], *, enqueued_ago: timedelta | None = None) -> None:
+    """Claim and complete every runnable report job; optionally date their enqueue back."""
+    with sessions.begin() as session:
+        for job in reports.claim(session, limit=100, lease=LEASE):
+            reports.complete(session, job)
+        if enqueued_ago is not None:
+            session.execute(update(ReportJob).values(created_at=func.now() - enqueued_ago))
+
+
+HOURLY = Dedupe("digest:ada", window=timedelta(hours=1))
+
+
+def test_a_job_finished_within_the_window_holds_the_key(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        first = reports.enqueue(session, "noop", dedupe_key=HOURLY)
+    _finish(sessions, enqueued_ago=timedelta(minutes=59))
+    with sessions.begin() as session:
+        [outcome] = reports.enqueue_many_report(session, [JobSpec("noop", {"v": 2}, dedupe_key=HOURLY)])
+        plain = reports.enqueue(session, "noop", dedupe_key="digest:ada")  # no window: the key is free
+    assert outcome.outcome == "duplicate" and outcome.job.id == first.id and outcome.job.status == "done"
+    assert plain.id != first.id
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(ReportJob)) == 2
+
+
+def test_past_the_window_a_finished_job_does_not(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        first = reports.enqueue(session, "noop", dedupe_key=HOURLY)
+    _finish(sessions, enqueued_ago=timedelta(minutes=61))
+    with sessions.begin() as session:
+        [outcome] = reports.enqueue_many_report(session, [JobSpec("noop", dedupe_key=HOURLY)])
+    assert outcome.outcome == "inserted" and outcome.job.id != first.id
+
+
+def test_dead_and_cancelled_jobs_do_not_hold_a_window(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        cancelled = reports.enqueue(session, "noop", dedupe_key=HOURLY)
+        assert reports.cancel(session, cancelled.id)
+        again = reports.enqueue(session, "noop", dedupe_key=HOURLY)
+    assert again.id != cancelled.id
+
+
+def test_a_window_in_bulk_repeats_and_a_live_holder(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        done = reports.enqueue(session, "noop", dedupe_key=HOURLY)
+    _finish(sessions)
+    replace_daily = Dedupe("daily", on_conflict="replace", window=timedelta(days=1))
+    with sessions.begin() as session:
+        outcomes = reports.enqueue_many_report(session, [
+            JobSpec("noop", {"v": 1}, dedupe_key=HOURLY),
+            JobSpec("noop", {"v": 2}, dedupe_key=replace_daily),
+            JobSpec("noop", {"v": 3}, dedupe_key=HOURLY),
+            JobSpec("noop", {"v": 4}, dedupe_key=replace_daily),
+        ])
+    assert [o.outcome for o in outcomes] == ["duplicate", "inserted", "duplicate", "replaced"]
+    assert outcomes[0].job.id == outcomes[2].job.id == done.id
+    assert outcomes[1].job.id == outcomes[3].job.id and outcomes[3].job.payload == {"v": 4}
+
+
+def test_a_window_on_a_table_that_deletes_finished_jobs_is_refused(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        with pytest.raises(InvalidArgumentError) as refused:
+            jobs.enqueue_many(session, [JobSpec("noop"), JobSpec("noop", dedupe_key=HOURLY)])
+        assert refused.value.parameter == "dedupe_key.window" and "task_jobs" in str(refused.value)
+        assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
+
+
+def test_the_window_lookup_reads_its_index_under_a_generic_plan(sessions: sessionmaker[Session]) -> None:
+    from sa_jobqueue.keyed import done_holder
+
+    with sessions.begin() as session:
+        session.execute(insert(ReportJob), [
+            {"task": "noop", "queue": f"q{n % 10}", "dedupe_key": f"k{n}", "status": "done"} for n in range(5000)
+        ])
+        session.execute(text("ANALYZE report_jobs"))
+    statement = done_holder(ReportJob, [ReportJob.__table__.c.id])
+    sql = str(statement.compile(dialect=PGDialect_psycopg(paramstyle="numeric_dollar")))
+    assert sql.count("$") == 4, sql  # queue, key, window, limit: all parameters, as the driver sends them
+    with sessions.begin() as session:
+        session.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
+        session.execute(text(f"PREPARE window_lookup(varchar, varchar, interval, integer) AS {sql}"))
+        plan = "\n".join(session.scalars(text(
+            "EXPLAIN EXECUTE window_lookup('q1', 'k1', interval '1 hour', 1)")))
+        session.execute(text("DEALLOCATE window_lookup"))
+    assert "ix_report_jobs_dedupe_done_v1" in plan, plan

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
@@ -41,12 +41,15 @@ __all__ = ["enqueue_command", "jobs_group"]
                    "and run time (replace), or move its run time to this job's when later (debounce).")
 @click.option("--key-held-until", "until", type=click.Choice(["finished", "started"]), default="finished",
               show_default=True, help="With --dedupe-key: the job holds the key until it finishes, or until it starts.")
+@click.option("--dedupe-window", "window", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS", help="With --dedupe-key, on a table that keeps finished jobs: a job of the key that "
+                                      "finished done and was enqueued less than this ago holds the key too.")
 @model_option
 @click.pass_context
 def enqueue_command(
     ctx: click.Context, task: str, payload: str | None, args: tuple[str, ...], tasks_path: str | None, queue: str,
     priority: int, delay: float | None, max_attempts: int | None, dedupe_key: str | None, on_conflict: OnConflict,
-    until: HeldUntil, model_path: str,
+    until: HeldUntil, window: float | None, model_path: str,
 ) -> None:
     """Enqueue one job of TASK and print its id."""
     # No --payload, or a JSON null, is the library's payload=None: stored as {}.
@@ -72,10 +75,11 @@ def enqueue_command(
         repository = bound if bound is not None else repository_for(ctx, model_path)
     dedupe: Dedupe | None = None
     if dedupe_key is not None:
-        dedupe = Dedupe(dedupe_key, on_conflict=on_conflict, until=until)
+        dedupe = Dedupe(dedupe_key, on_conflict=on_conflict, until=until,
+                        window=None if window is None else timedelta(seconds=window))
     elif any(ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
-             for name in ("on_conflict", "until")):
-        raise CliUsageError("--on-conflict and --key-held-until need --dedupe-key")
+             for name in ("on_conflict", "until", "window")):
+        raise CliUsageError("--on-conflict, --key-held-until and --dedupe-window need --dedupe-key")
     engine = cli_state(ctx).engine()
     with database_errors(engine, repository.table.name), Session(engine) as session, session.begin():
         job = repository.enqueue(
