@@ -220,6 +220,8 @@ class Enqueuer(Generic[M]):
         was freed between the INSERT and the SELECT, unless ``free_keys_now``:
         then such a row is inserted on its own."""
         on_conflict = dedupes[0].on_conflict  # one per statement (bulk.write_order)
+        if on_conflict != "skip" and len(rows) > 1:
+            return self._insert_keyed_one_by_one(session, rows, dedupes, free_keys_now=free_keys_now)
         inserted = self.snapshots.all(session.execute(self._insert_dedupe, rows).all())
         # Each key's job as it stands now: the row this statement inserted, or a holder (changed or not).
         latest: dict[tuple[str, str | None], M] = {(job.queue, job.dedupe_key): job for job in inserted}
@@ -269,6 +271,23 @@ class Enqueuer(Generic[M]):
         # Every row of a key shows the job as this call left it (a later row may have replaced it).
         return [EnqueueOutcome(latest[(o.job.queue, o.job.dedupe_key)] if o.job.dedupe_key is not None else o.job,
                                o.outcome) for o in outcomes]
+
+    def _insert_keyed_one_by_one(
+        self, session: Session, rows: list[dict[str, Any]], dedupes: list[Dedupe], *, free_keys_now: bool
+    ) -> list[EnqueueOutcome[M]] | None:
+        """:meth:`_insert_keyed` a row at a time. ``replace`` and ``debounce``
+        lock the pending holder they change; after one INSERT of all the rows,
+        those locks would come after the keys that sort later, which the INSERT
+        took, and two producers could wait for each other. One row at a time,
+        each key is inserted or changed in the one global order."""
+        outcomes: list[EnqueueOutcome[M]] = []
+        for row, dedupe in zip(rows, dedupes, strict=True):
+            one = self._insert_keyed(session, [row], [dedupe], free_keys_now=free_keys_now)
+            if one is None:
+                return None
+            outcomes.extend(one)
+        latest = {outcome.job.id: outcome.job for outcome in outcomes}  # a later row's snapshot is the newer
+        return [EnqueueOutcome(latest[outcome.job.id], outcome.outcome) for outcome in outcomes]
 
     def _copy(self, session: Session, rows: list[dict[str, Any]]) -> list[M] | None:
         """COPY plain rows when COPY can stand in for the INSERT (see :mod:`sa_jobqueue.bulk`)."""

@@ -15,12 +15,14 @@ import random
 import threading
 from typing import Any
 
+import pytest
 from jobapp import EmailJob, emails
 from sqlalchemy import Engine, create_engine, delete, event, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 from waiting import wait_for
 
-from sa_jobqueue import JobSpec
+from sa_jobqueue import Dedupe, JobSpec
+from sa_jobqueue.enqueue import DEADLOCK
 
 PRODUCERS = 8
 # SQLAlchemy sends the rows of one INSERT in pages of this many (default
@@ -163,3 +165,61 @@ def test_a_key_freed_between_insert_and_select_is_written_again_in_order(engine:
     with Session(engine) as session:
         keys = session.scalars(select(EmailJob.dedupe_key).where(EmailJob.dedupe_key.like("dl-%"))).all()
     assert sorted(keys) == ["dl-a", "dl-b"]
+
+
+@pytest.mark.parametrize("on_conflict", ["replace", "debounce"])
+def test_concurrent_replacing_enqueues_take_their_keys_in_order(engine: Engine, on_conflict: str) -> None:
+    """``replace`` and ``debounce`` change the pending holder of a key, which
+    locks its row: were the changes made after the call's whole INSERT, a
+    producer would lock an earlier key after a later one, and two producers
+    would wait for each other. Each key is inserted or changed in turn, in the
+    one global order, so no statement ever meets a deadlock (not even one the
+    library would retry)."""
+    paged = create_engine(engine.url, pool_size=PRODUCERS, insertmanyvalues_page_size=PAGE)
+    met: list[str | None] = []
+    event.listen(paged, "handle_error", lambda context: met.append(getattr(context.original_exception,
+                                                                            "sqlstate", None)))
+    sessions = sessionmaker(paged, expire_on_commit=False)
+    barrier = threading.Barrier(PRODUCERS, timeout=TIMEOUT)
+    errors: list[BaseException] = []
+    rounds = ROUNDS // 2
+    # outcomes[round][producer]: {key: (job id, outcome)}
+    outcomes: list[list[dict[str, tuple[int, str]]]] = [[{} for _ in range(PRODUCERS)] for _ in range(rounds)]
+
+    def produce(producer: int) -> None:
+        shuffler = random.Random(producer)
+        try:
+            for round_ in range(rounds):
+                keys = [f"c{round_}-k{i}" for i in range(KEYS // 2)]
+                shuffler.shuffle(keys)
+                specs = [JobSpec("noop", {"k": key, "by": producer},
+                                 dedupe_key=Dedupe(key, on_conflict=on_conflict))  # type: ignore[arg-type]
+                         for key in keys]
+                barrier.wait()
+                with sessions.begin() as session:
+                    reported = emails.enqueue_many_report(session, specs)
+                outcomes[round_][producer] = {o.job.dedupe_key: (o.job.id, o.outcome) for o in reported}
+        except BaseException as exc:  # noqa: B036 - reported by the test below
+            errors.append(exc)
+            barrier.abort()
+
+    try:
+        threads = [threading.Thread(target=produce, args=(p,), daemon=True) for p in range(PRODUCERS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(TIMEOUT * rounds)
+        assert not any(thread.is_alive() for thread in threads), "a producer hangs"
+        assert not errors, f"{len(errors)} producer(s) failed, first: {errors[0]!r}"
+        assert DEADLOCK not in met, met
+        changed = "replaced" if on_conflict == "replace" else "debounced"
+        for round_ in range(rounds):
+            for key in outcomes[round_][0]:
+                seen = [outcomes[round_][p][key] for p in range(PRODUCERS)]
+                assert len({job_id for job_id, _ in seen}) == 1  # one job per key, the same for everyone
+                assert sorted(outcome for _, outcome in seen) == sorted(["inserted"] + [changed] * (PRODUCERS - 1))
+        with sessions() as session:
+            keyed = session.scalar(select(func.count()).select_from(EmailJob).where(EmailJob.dedupe_key.is_not(None)))
+        assert keyed == rounds * (KEYS // 2)
+    finally:
+        paged.dispose()
