@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -75,15 +76,7 @@ def _race(sessions: sessionmaker[Session]) -> None:
             errors.append(exc)
             barrier.abort()
 
-    threads = [threading.Thread(target=produce, args=(p,), daemon=True) for p in range(PRODUCERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(TIMEOUT * ROUNDS)
-    assert not any(thread.is_alive() for thread in threads), "a producer hangs"
-    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
-    assert not real, f"{len(real)} producer(s) failed, first: {real[0]!r}"
-    assert not errors
+    _run_producers(produce, errors, ROUNDS)
 
     # Every producer got the same job for a key: the one job that holds it.
     for round_ in range(ROUNDS):
@@ -96,6 +89,19 @@ def _race(sessions: sessionmaker[Session]) -> None:
         plain = session.scalar(select(func.count()).select_from(EmailJob).where(EmailJob.dedupe_key.is_(None)))
     assert keyed == distinct == ROUNDS * KEYS
     assert plain == ROUNDS * PRODUCERS
+
+
+def _run_producers(produce: Callable[[int], None], errors: list[BaseException], rounds: int) -> None:
+    """Run ``produce(p)`` for each producer in a thread of its own; fail on a hang or an error."""
+    threads = [threading.Thread(target=produce, args=(p,), daemon=True) for p in range(PRODUCERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT * rounds)
+    assert not any(thread.is_alive() for thread in threads), "a producer hangs"
+    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+    assert not real, f"{len(real)} producer(s) failed, first: {real[0]!r}"
+    assert not errors
 
 
 def test_a_key_freed_between_insert_and_select_is_written_again_in_order(engine: Engine) -> None:
@@ -184,7 +190,7 @@ def test_concurrent_replacing_enqueues_take_their_keys_in_order(engine: Engine, 
     errors: list[BaseException] = []
     rounds = ROUNDS // 2
     # outcomes[round][producer]: {key: (job id, outcome)}
-    outcomes: list[list[dict[str, tuple[int, str]]]] = [[{} for _ in range(PRODUCERS)] for _ in range(rounds)]
+    outcomes: list[list[dict[str | None, tuple[int, str]]]] = [[{} for _ in range(PRODUCERS)] for _ in range(rounds)]
 
     def produce(producer: int) -> None:
         shuffler = random.Random(producer)
@@ -204,13 +210,7 @@ def test_concurrent_replacing_enqueues_take_their_keys_in_order(engine: Engine, 
             barrier.abort()
 
     try:
-        threads = [threading.Thread(target=produce, args=(p,), daemon=True) for p in range(PRODUCERS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(TIMEOUT * rounds)
-        assert not any(thread.is_alive() for thread in threads), "a producer hangs"
-        assert not errors, f"{len(errors)} producer(s) failed, first: {errors[0]!r}"
+        _run_producers(produce, errors, rounds)
         assert DEADLOCK not in met, met
         changed = "replaced" if on_conflict == "replace" else "debounced"
         for round_ in range(rounds):
