@@ -139,44 +139,54 @@ class Enqueuer(Generic[M]):
     def many(self, session: Session, rows: list[dict[str, Any]], *, notify: bool) -> list[M]:
         """Insert ``rows`` and return their jobs in input order: a row whose
         dedupe key a live job (or an earlier row) holds comes back as that job."""
-        return [outcome.job for outcome in self.many_report(session, rows, notify=notify)]
+        return self._written(session, rows, notify)[0]
 
     def many_report(self, session: Session, rows: list[dict[str, Any]], *, notify: bool) -> list[EnqueueOutcome[M]]:
-        """:meth:`many`, with what the call did for each row (:class:`~sa_jobqueue.dedupe.EnqueueOutcome`).
-        Raise :class:`InvalidArgumentError` before writing anything when a row has a dedupe window and
-        this table deletes finished jobs."""
+        """:meth:`many`, with what the call did for each row (:class:`~sa_jobqueue.dedupe.EnqueueOutcome`)."""
+        jobs, outcomes = self._written(session, rows, notify)
+        return [EnqueueOutcome(job, outcome) for job, outcome in zip(jobs, outcomes, strict=True)]
+
+    def _written(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> tuple[list[M], list[Outcome]]:
+        """Write ``rows`` inside the enqueue hooks; each row's job and outcome. Raise
+        :class:`InvalidArgumentError` before writing anything when a row has a dedupe
+        window and this table deletes finished jobs."""
         if not self._keep_done and any(row.get(ROW_KEY) and row[ROW_KEY].window is not None for row in rows):
             raise InvalidArgumentError("dedupe_key.window", f"counts finished jobs, which {self.table.name} does "
                                        "not keep (set __keep_done__ = True on its model)")
         hooks = enqueue_hooks.HOOKS
         if not (hooks and rows):  # an empty enqueue_many writes nothing: nothing to wrap
             return self._many(session, rows, notify)
-        outcomes: list[EnqueueOutcome[M]] = []
+        outcomes: list[Outcome] = []
 
         def write(hooked: list[dict[str, Any]]) -> list[M]:
-            outcomes.extend(self._many(session, hooked, notify))
-            return [outcome.job for outcome in outcomes]
+            jobs, written = self._many(session, hooked, notify)
+            outcomes.extend(written)
+            return jobs
 
-        run_hooked(hooks, self.table.name, rows, write)
-        return outcomes
+        return run_hooked(hooks, self.table.name, rows, write), outcomes
 
-    def _many(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> list[EnqueueOutcome[M]]:
-        result: list[EnqueueOutcome[M] | None] = [None] * len(rows)
+    def _many(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> tuple[list[M], list[Outcome]]:
+        # Plain rows are the bulk path: a job and a constant per row, no object of their own.
+        result: list[M | None] = [None] * len(rows)
+        outcomes: list[Outcome] = [INSERTED] * len(rows)
         latest: dict[int, M] = {}  # each keyed job as the last statement of the call left it
         for dedupe, indexes in bulk.write_order(rows):
             params = [rows[i] for i in indexes]
             if dedupe:
                 for i, outcome in zip(indexes, self._insert_keyed_retrying(session, params), strict=True):
-                    result[i] = outcome
+                    result[i], outcomes[i] = outcome.job, outcome.outcome
                     latest[outcome.job.id] = outcome.job
                 continue
             copied = self._copy(session, params)
             written = copied if copied is not None else self.snapshots.all(session.execute(self._insert, params).all())
             for i, job in zip(indexes, written, strict=True):
-                result[i] = EnqueueOutcome(job, INSERTED)
+                result[i] = job
         if notify:
             self.notify_queues(session, {row["queue"] for row in rows if runnable_now(row)})
-        return [EnqueueOutcome(latest.get(o.job.id, o.job), o.outcome) for o in result if o is not None]
+        jobs = [job for job in result if job is not None]
+        if latest:
+            jobs = [latest.get(job.id, job) for job in jobs]
+        return jobs, outcomes
 
     def _insert_keyed_retrying(self, session: Session, rows: list[dict[str, Any]]) -> list[EnqueueOutcome[M]]:
         """:meth:`_insert_keyed` in a SAVEPOINT, tried again when a key was
