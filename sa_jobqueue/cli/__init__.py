@@ -35,6 +35,7 @@ import logging
 
 import click
 
+from .dashboard import dashboard_command
 from .database import database_errors, make_engine, show_url
 from .errors import CliError, CliUsageError, OneLineCommand, OneLineGroup, OneLineUsageError
 from .formatting import format_age, parse_duration
@@ -73,6 +74,6 @@ def main(ctx: click.Context, database_url: str | None, log_level: str) -> None:
 
 for _command in (
     worker_command, enqueue_command, stats_command, jobs_group,
-    retry_command, cancel_command, purge_command, reap_command, health_command,
+    retry_command, cancel_command, purge_command, reap_command, health_command, dashboard_command,
 ):
     main.add_command(_command)

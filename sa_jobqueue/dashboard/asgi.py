@@ -1,0 +1,112 @@
+"""The dashboard as an ASGI app (Starlette): mount it in FastAPI, Litestar or Starlette, or serve it.
+
+::
+
+    from sa_jobqueue.dashboard import create_app
+
+    dashboard = create_app(engine, [emails, reports])
+    app.mount("/queue", dashboard)          # FastAPI / Starlette
+
+Pages are server-rendered; a page updates itself over Server-Sent Events
+(``/events``) when a job table is notified, and at least every
+``poll_interval`` seconds. ``authorize`` (a callable on the request) decides
+whether a request may see the dashboard at all: False answers 403. Pages
+run their database reads in a worker thread (Starlette's threadpool), each in
+a read-only transaction of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from importlib import resources
+from typing import Any
+
+from sqlalchemy import Engine
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..repository import JobRepository
+from .live import Broadcast
+from .render import environment
+from .views import Rendered, Views
+
+Authorize = Callable[[Request], bool]
+DEFAULT_POLL_INTERVAL = 5.0
+
+
+def create_app(
+    engine: Engine,
+    repositories: Sequence[JobRepository[Any]],
+    *,
+    title: str = "sa_jobqueue",
+    authorize: Authorize | None = None,
+    listen: bool = True,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+) -> Starlette:
+    """The dashboard over the job tables of ``repositories``, read through ``engine``.
+
+    ``listen=False`` (behind a pooler in transaction mode, where LISTEN does
+    not work) leaves live updates to polling every ``poll_interval`` seconds.
+    """
+    views = Views(engine, list(repositories), title=title)
+    broadcast = Broadcast(engine, [repo.channel for repo in views.tables.values()], listen=listen)
+    templates = environment()
+    script = resources.files("sa_jobqueue.dashboard").joinpath("static/dashboard.js").read_text()
+
+    def respond(request: Request, rendered: Rendered) -> Response:
+        base = request.scope.get("root_path", "").rstrip("/")
+        context = {**rendered.context, "base": base}
+        if context.get("live_url"):
+            context["live_url"] = base + context["live_url"]
+        html = templates.get_template(rendered.template).render(context)
+        return HTMLResponse(html, status_code=rendered.status)
+
+    def page(make: Callable[[Request], Rendered]) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            if authorize is not None and not authorize(request):
+                return respond(request, views.error(403, "Not allowed", "This dashboard is not open to you."))
+            return respond(request, await run_in_threadpool(make, request))
+        return endpoint
+
+    async def events(request: Request) -> Response:
+        if authorize is not None and not authorize(request):
+            return Response("not allowed", status_code=403)
+
+        async def stream() -> AsyncIterator[str]:
+            event = broadcast.subscribe()
+            try:
+                yield "retry: 2000\n\n"
+                while True:
+                    await broadcast.wait(event, poll_interval)
+                    yield "event: refresh\ndata: {}\n\n"
+            finally:
+                broadcast.unsubscribe(event)
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+    async def static_script(request: Request) -> Response:
+        return Response(script, media_type="text/javascript")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        broadcast.stop()
+
+    routes = [
+        Route("/", page(lambda request: views.overview())),
+        Route("/jobs", page(lambda request: views.jobs(dict(request.query_params)))),
+        Route("/jobs/{table}/{job_id}", page(lambda request: views.job(
+            request.path_params["table"], request.path_params["job_id"]))),
+        Route("/events", events),
+        Route("/static/dashboard.js", static_script),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.views = views
+    return app
+
+
+__all__ = ["DEFAULT_POLL_INTERVAL", "Authorize", "create_app"]

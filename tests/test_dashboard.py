@@ -1,0 +1,215 @@
+"""The dashboard's pages over HTTP (docs/dashboard.md): ``sa-jobqueue dashboard`` serving
+tests/jobapp.py's tables from a database of this module's, a real PostgreSQL behind it."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from dashboard_server import get, serving
+from jobapp import Base, TaskJob, emails, jobs, reports
+from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sa_jobqueue import JobSpec
+from sa_jobqueue.dashboard.filters import FilterError, JobFilter, parse_filter
+from sa_jobqueue.dashboard.render import age, size
+
+LEASE = timedelta(seconds=60)
+
+
+@pytest.fixture(scope="module")
+def dashboard_db(create_database: Callable[[], URL]) -> Iterator[tuple[URL, Engine]]:
+    url = create_database()
+    engine = create_engine(url)
+    Base.metadata.create_all(engine)
+    yield url, engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def filled(dashboard_db: tuple[URL, Engine]) -> dict[str, int]:
+    """Jobs of every kind: 120 pending in task_jobs (newest has user_id 119), one dead, one
+    scheduled, an email job with a tenant, and report jobs finished done (with a result) and dead."""
+    _, engine = dashboard_db
+    with Session(engine) as session, session.begin():
+        jobs.enqueue_many(session, [JobSpec("count", {"user_id": n}, queue="bulk") for n in range(120)])
+        scheduled = jobs.enqueue(session, "later", {"when": "soon"}, queue="mail", delay=timedelta(hours=1))
+        emails.enqueue(session, "send", {"to": "ada"}, extra={"tenant_id": 7})
+        emails.enqueue(session, "send", {"to": "bob"}, extra={"tenant_id": 8})
+        reports.enqueue_many(session, [JobSpec("monthly", {"n": n}) for n in range(3)])
+    with Session(engine) as session, session.begin():
+        done, failing, other = reports.claim(session, limit=3, lease=LEASE)
+        reports.complete(session, done)
+        session.execute(text("UPDATE report_jobs SET result = '{\"rows\": 12}' WHERE id = :id"), {"id": done.id})
+        reports.fail(session, failing, "Traceback (most recent call last):\n  boom\nValueError: bad month",
+                     discard=True)
+        reports.complete(session, other)
+    with Session(engine) as session:
+        newest = session.scalar(select(func.max(TaskJob.id)).where(TaskJob.queue == "bulk"))
+        assert newest is not None
+    return {"scheduled": scheduled.id, "done": done.id, "dead": failing.id, "newest": newest}
+
+
+@pytest.fixture(scope="module")
+def dashboard(dashboard_db: tuple[URL, Engine], filled: dict[str, int]) -> Iterator[str]:
+    with serving(dashboard_db[0]) as address:
+        yield address
+
+
+def _ids(html: str) -> list[int]:
+    return [int(i) for i in re.findall(r'<tr data-job="(\d+)"', html)]
+
+
+def _query(**params: str) -> str:
+    return "/jobs?" + urllib.parse.urlencode(params)
+
+
+def test_the_overview_shows_counts_throughput_and_health(dashboard: str) -> None:
+    status, html = get(dashboard, "/")
+    assert status == 200
+    for table in ("task_jobs", "email_jobs", "report_jobs"):
+        assert f'data-table="{table}"' in html
+    bulk = re.search(r'<tr data-queue="bulk">.*?</tr>', html, re.S)
+    assert bulk is not None and re.search(r'data-status="pending"><a [^>]*>120<', bulk.group(0))
+    assert "2 done, 1 dead in the last hour" in html  # report_jobs keeps finished jobs
+    assert "deletes finished jobs, so it keeps no record" in html  # task_jobs does not
+    assert "dead tuples" in html and "oldest transaction holding back vacuum" in html
+
+
+def test_the_jobs_list_pages_by_keyset_newest_first(dashboard: str, filled: dict[str, int]) -> None:
+    status, first = get(dashboard, _query(queue="bulk"))
+    assert status == 200
+    page = _ids(first)
+    assert len(page) == 50 and page == sorted(page, reverse=True) and page[0] == filled["newest"]
+    link = re.search(r'id="next-page" href="([^"]+)"', first)
+    assert link is not None and "before=" in link.group(1) and "OFFSET" not in link.group(1)
+    seen = list(page)
+    while link is not None:
+        status, html = get(dashboard, link.group(1).replace("&amp;", "&"))
+        assert status == 200
+        seen += _ids(html)
+        link = re.search(r'id="next-page" href="([^"]+)"', html)
+    assert len(seen) == len(set(seen)) == 120
+
+
+@pytest.mark.parametrize(("params", "expected"), [
+    ({"status": "scheduled"}, ["scheduled"]),
+    ({"table": "report_jobs", "status": "dead"}, ["dead"]),
+    ({"table": "report_jobs", "status": "done"}, ["done", "other"]),
+    ({"queue": "bulk", "payload": "$.user_id == 119"}, ["newest"]),
+])
+def test_filters_narrow_the_list(dashboard: str, filled: dict[str, int], params: dict[str, str],
+                                 expected: list[str]) -> None:
+    status, html = get(dashboard, _query(**params))
+    assert status == 200
+    ids = _ids(html)
+    assert filled[expected[0]] in ids
+    assert len(ids) == len(expected)
+
+
+def test_the_tables_own_columns_are_shown_and_filter(dashboard: str) -> None:
+    status, html = get(dashboard, _query(table="email_jobs", **{"col.tenant_id": "7"}))
+    assert status == 200 and len(_ids(html)) == 1
+    assert "<th>tenant_id</th>" in html and "ada" not in html  # the list shows columns, not payloads
+    status, html = get(dashboard, _query(table="email_jobs"))
+    assert len(_ids(html)) == 2
+
+
+@pytest.mark.parametrize(("params", "parameter"), [
+    ({"status": "bogus"}, "status"),
+    ({"id": "abc"}, "id"),
+    ({"id": "-1"}, "id"),
+    ({"before": "1e9"}, "before"),
+    ({"payload": "$.user_id =="}, "payload"),
+    ({"queue": "x" * 200}, "queue"),
+    ({"queue": "a\x00b"}, "queue"),
+    ({"col.nope": "1"}, "col.nope"),
+    ({"sort": "id"}, "sort"),
+])
+def test_a_bad_filter_is_a_400_with_its_message(dashboard: str, dashboard_db: tuple[URL, Engine],
+                                                params: dict[str, str], parameter: str) -> None:
+    status, html = get(dashboard, _query(**params))
+    assert status == 400
+    assert re.search(rf'role="alert">{re.escape(parameter)}: ', html), html
+    assert "Traceback" not in html
+
+
+@pytest.mark.parametrize("path", [
+    "/jobs?table=no_such_table", "/jobs/no_such_table/1", "/jobs/task_jobs/0", "/jobs/task_jobs/abc",
+    "/jobs/task_jobs/99999999999999999999", "/jobs/task_jobs/" + "9" * 5000,
+])
+def test_an_unknown_table_or_job_is_a_404(dashboard: str, path: str) -> None:
+    status, html = get(dashboard, path)
+    assert status == 404 and 'role="alert"' in html and "Traceback" not in html
+
+
+def test_a_job_shows_payload_result_error_and_timestamps(dashboard: str, filled: dict[str, int]) -> None:
+    status, html = get(dashboard, f"/jobs/report_jobs/{filled['done']}")
+    assert status == 200
+    assert re.search(r'id="result">\{\s*&#34;rows&#34;: 12\s*\}', html), html
+    assert "finished</dt><dd>20" in html and "enqueued</dt><dd>20" in html
+    status, html = get(dashboard, f"/jobs/report_jobs/{filled['dead']}")
+    assert 'id="last-error">Traceback (most recent call last):\n  boom\nValueError: bad month' in html
+
+
+def test_markup_in_a_job_is_shown_as_text(dashboard_db: tuple[URL, Engine], dashboard: str) -> None:
+    _, engine = dashboard_db
+    with Session(engine) as session, session.begin():
+        job = jobs.enqueue(session, "<script>alert(1)</script>", {"html": "<b>bold</b>"}, queue="xss")
+    status, html = get(dashboard, f"/jobs/task_jobs/{job.id}")
+    assert status == 200 and "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)" in html
+
+
+def test_pages_write_nothing(dashboard_db: tuple[URL, Engine], dashboard: str) -> None:
+    _, engine = dashboard_db
+
+    def snapshot() -> list[tuple[object, ...]]:
+        with Session(engine) as session:
+            return [tuple(r) for r in session.execute(  # type: ignore[misc]
+                text("SELECT id, status, run_at, attempts, lock_token FROM task_jobs UNION ALL "
+                     "SELECT id, status, run_at, attempts, lock_token FROM report_jobs ORDER BY 1"))]
+
+    before = snapshot()
+    for path in ("/", "/jobs", _query(status="dead", table="report_jobs"), _query(payload="$.x ==")):
+        get(dashboard, path)
+    assert snapshot() == before
+
+
+def test_a_page_runs_read_only(dashboard_db: tuple[URL, Engine]) -> None:
+    """The views' transaction refuses a write: were a query to try, PostgreSQL would stop it."""
+    from sa_jobqueue.dashboard.views import Views
+
+    _, engine = dashboard_db
+    views = Views(engine, [jobs])
+    with pytest.raises(Exception, match="read-only transaction"):
+        with views._reading() as session:  # noqa: SLF001 - the transaction every page runs in
+            session.execute(text("UPDATE task_jobs SET priority = 1"))
+    assert views.jobs({"status": "pending"}).status == 200
+
+
+# -- plain values: the filter and the page's words, no database
+
+
+def test_parse_filter_takes_the_documented_parameters() -> None:
+    wanted = parse_filter({"status": "dead", "queue": " mail ", "task": "send", "id": "12", "before": "99",
+                           "payload": "$.a == 1", "col.tenant_id": "7", "table": "t"}, frozenset({"tenant_id"}))
+    assert wanted == JobFilter("dead", "mail", "send", 12, "$.a == 1", {"tenant_id": "7"}, 99)
+    assert wanted.query(before=5) == {"status": "dead", "queue": "mail", "task": "send", "id": "12",
+                                      "payload": "$.a == 1", "col.tenant_id": "7", "before": "5"}
+    assert parse_filter({"status": "", "queue": "  "}, frozenset()) == JobFilter()
+    with pytest.raises(FilterError) as refused:
+        parse_filter({"col.tenant_id": "7"}, frozenset())
+    assert refused.value.parameter == "col.tenant_id"
+
+
+def test_the_page_words() -> None:
+    assert [age(timedelta(seconds=s)) for s in (0.4, 12, 185, 3720, 90000)] == [
+        "0.4s", "12s", "3m 05s", "1h 02m", "1d 01h"]
+    assert age(None) == "—"
+    assert [size(n) for n in (512, 8192, 5 * 1024 * 1024)] == ["512 B", "8.0 kB", "5.0 MB"]
+
