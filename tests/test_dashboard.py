@@ -3,10 +3,12 @@ tests/jobapp.py's tables from a database of this module's, a real PostgreSQL beh
 
 from __future__ import annotations
 
+import asyncio
 import re
 import urllib.parse
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from dashboard_server import get, serving
@@ -14,6 +16,7 @@ from jobapp import Base, TaskJob, emails, jobs, reports
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
+from test_docs import DOCS, python_blocks, section
 
 from sa_jobqueue import JobSpec
 from sa_jobqueue.dashboard.filters import FilterError, JobFilter, parse_filter
@@ -213,3 +216,43 @@ def test_the_page_words() -> None:
     assert age(None) == "—"
     assert [size(n) for n in (512, 8192, 5 * 1024 * 1024)] == ["512 B", "8.0 kB", "5.0 MB"]
 
+
+
+# -- docs/dashboard.md "Mounting it": the block runs, and the mounted app serves under its prefix
+
+
+def _asgi_get(app: Any, path: str) -> tuple[int, str]:
+    """One GET through the ASGI interface itself, as a server would call the app."""
+    async def run() -> tuple[int, str]:
+        sent: list[dict[str, Any]] = []
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+                 "headers": [(b"host", b"example.test")], "client": ("127.0.0.1", 1), "server": ("example.test", 80)}
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+        return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("admin", [True, False])
+def test_the_mounting_example_serves_under_its_prefix(dashboard_db: tuple[URL, Engine], filled: dict[str, int],
+                                                      admin: bool) -> None:
+    (block,) = python_blocks(section(DOCS / "dashboard.md", "## Mounting it"))
+    namespace: dict[str, Any] = {"engine": dashboard_db[1], "emails": emails, "reports": reports,
+                                 "is_admin": lambda request: admin}
+    exec(compile(block, "docs/dashboard.md", "exec"), namespace)
+    status, html = _asgi_get(namespace["app"], "/queue/jobs")
+    if not admin:
+        assert status == 403 and "not open to you" in html
+        return
+    assert status == 200 and 'href="/queue/jobs?status=dead"' in html and "<th>tenant_id</th>" in html
+    status, html = _asgi_get(namespace["app"], f"/queue/jobs/report_jobs/{filled['done']}")
+    assert status == 200 and 'id="result"' in html
