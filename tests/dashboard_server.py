@@ -4,11 +4,13 @@ job tables in a database of the test's."""
 
 from __future__ import annotations
 
+import http.cookiejar
 import os
 import socket
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,10 +24,28 @@ TIMEOUT = 120.0
 MODELS = ("jobapp:TaskJob", "jobapp:EmailJob", "jobapp:ReportJob")
 
 
-def get(address: str, path: str) -> tuple[int, str]:
+def get(address: str, path: str, opener: urllib.request.OpenerDirector | None = None) -> tuple[int, str]:
     """GET ``path``: the status and the body, error statuses included."""
+    return _send(urllib.request.Request(f"http://{address}{path}"), opener)
+
+
+def post(address: str, path: str, form: dict[str, str], opener: urllib.request.OpenerDirector | None = None,
+         ) -> tuple[int, str]:
+    """POST ``form`` (urlencoded) to ``path``: the status and the body."""
+    body = urllib.parse.urlencode(form).encode()
+    request = urllib.request.Request(f"http://{address}{path}", data=body, method="POST",
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+    return _send(request, opener)
+
+
+def browser_like() -> urllib.request.OpenerDirector:
+    """An HTTP client that keeps cookies, as a browser does."""
+    return urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+
+
+def _send(request: urllib.request.Request, opener: urllib.request.OpenerDirector | None) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=TIMEOUT) as response:
+        with (opener or urllib.request.build_opener()).open(request, timeout=TIMEOUT) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from dashboard_server import serving
-from jobapp import Base, emails, jobs, reports
+from jobapp import Base, ReportJob, emails, jobs, reports
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
@@ -150,3 +150,19 @@ def test_the_page_updates_when_a_job_is_enqueued_elsewhere(
     page.goto(f"http://{address}/jobs?status=scheduled")
     expect(rows).to_have_count(1)
     _shoot(page, tmp_path, "scheduled")
+
+
+def test_an_action_changes_the_database(page: Any, address: str, database: tuple[URL, Engine],
+                                        tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"http://{address}/jobs?table=report_jobs&status=dead")
+    page.locator("#jobs tbody tr[data-job] a").first.click()
+    job_id = int(page.url.rsplit("/", 1)[1])
+    page.click('a.action[data-action="retry"]')
+    expect(page.locator("h1")).to_have_text("Retry 1 job(s)?")
+    _shoot(page, tmp_path, "confirm")
+    page.click("#confirm")
+    expect(page.locator("#outcome")).to_contain_text("1 job(s) changed")
+    with Session(database[1]) as session:
+        assert session.get(ReportJob, job_id).status == "pending"  # type: ignore[union-attr]

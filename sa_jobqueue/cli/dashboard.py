@@ -22,12 +22,13 @@ __all__ = ["dashboard_command"]
 @click.option("--poll-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="SECONDS",
               help="Pages refresh at least this often.")
 @click.option("--title", default="sa_jobqueue", show_default=True)
+@click.option("--read-only", is_flag=True, help="Offer no action (retry, cancel, delete, run now, priority).")
 @click.pass_context
 def dashboard_command(
     ctx: click.Context, model_paths: tuple[str, ...], host: str, port: int, fd: int | None, listen: bool,
-    poll_interval: float, title: str,
+    poll_interval: float, title: str, read_only: bool,
 ) -> None:
-    """Serve the dashboard of the job tables (read-only) until interrupted."""
+    """Serve the dashboard of the job tables until interrupted."""
     try:
         import uvicorn
 
@@ -35,7 +36,8 @@ def dashboard_command(
     except ImportError as exc:
         raise CliUsageError(f"the dashboard needs its extra: pip install 'sa_jobqueue[dashboard]' ({exc})") from None
     repositories = [load_repository(path) for path in (model_paths or (DEFAULT_MODEL,))]
-    app = create_app(cli_state(ctx).engine(), repositories, title=title, listen=listen, poll_interval=poll_interval)
+    app = create_app(cli_state(ctx).engine(), repositories, title=title, listen=listen, poll_interval=poll_interval,
+                     read_only=read_only)
     if fd is not None:
         uvicorn.run(app, fd=fd, log_level="warning")
     else:

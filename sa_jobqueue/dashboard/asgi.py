@@ -10,7 +10,9 @@
 Pages are server-rendered; a page updates itself over Server-Sent Events
 (``/events``) when a job table is notified, and at least every
 ``poll_interval`` seconds. ``authorize`` (a callable on the request) decides
-whether a request may see the dashboard at all: False answers 403. Pages
+whether a request may see the dashboard and act: False answers 403. Every
+action goes through a confirmation page whose form carries a CSRF token
+(:mod:`sa_jobqueue.dashboard.actions`); ``read_only`` offers none. Pages
 run their database reads in a worker thread (Starlette's threadpool), each in
 a read-only transaction of its own.
 """
@@ -18,6 +20,8 @@ a read-only transaction of its own.
 from __future__ import annotations
 
 import contextlib
+import secrets
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from importlib import resources
 from typing import Any
@@ -30,6 +34,7 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..repository import JobRepository
+from .actions import CSRF_COOKIE, csrf_token, csrf_valid, new_cookie
 from .live import Broadcast
 from .render import environment
 from .views import Rendered, Views
@@ -46,13 +51,19 @@ def create_app(
     authorize: Authorize | None = None,
     listen: bool = True,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
+    read_only: bool = False,
+    secret: bytes | None = None,
 ) -> Starlette:
     """The dashboard over the job tables of ``repositories``, read through ``engine``.
 
     ``listen=False`` (behind a pooler in transaction mode, where LISTEN does
     not work) leaves live updates to polling every ``poll_interval`` seconds.
+    ``read_only``: no action is offered, and one posted anyway is a 403.
+    ``secret``: the key of the CSRF tokens (default: random, made now; give
+    one when several processes serve the same dashboard).
     """
-    views = Views(engine, list(repositories), title=title)
+    views = Views(engine, list(repositories), title=title, read_only=read_only)
+    key = secret if secret is not None else secrets.token_bytes(32)
     broadcast = Broadcast(engine, [repo.channel for repo in views.tables.values()], listen=listen)
     templates = environment()
     script = resources.files("sa_jobqueue.dashboard").joinpath("static/dashboard.js").read_text()
@@ -63,14 +74,50 @@ def create_app(
         if context.get("live_url"):
             context["live_url"] = base + context["live_url"]
         html = templates.get_template(rendered.template).render(context)
-        return HTMLResponse(html, status_code=rendered.status)
+        response = HTMLResponse(html, status_code=rendered.status)
+        if not request.cookies.get(CSRF_COOKIE):
+            response.set_cookie(CSRF_COOKIE, request.state.csrf_cookie, httponly=True, samesite="strict",
+                                path=base or "/")
+        return response
+
+    def cookie_of(request: Request) -> str:
+        """The browser's CSRF cookie, or the one this response is about to give it."""
+        request.state.csrf_cookie = request.cookies.get(CSRF_COOKIE) or new_cookie()
+        return str(request.state.csrf_cookie)
+
+    def forbidden(request: Request, message: str) -> Response:
+        cookie_of(request)
+        return respond(request, views.error(403, "Not allowed", message))
 
     def page(make: Callable[[Request], Rendered]) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
+            cookie_of(request)
             if authorize is not None and not authorize(request):
-                return respond(request, views.error(403, "Not allowed", "This dashboard is not open to you."))
+                return forbidden(request, "This dashboard is not open to you.")
             return respond(request, await run_in_threadpool(make, request))
         return endpoint
+
+    async def confirm(request: Request) -> Response:
+        cookie = cookie_of(request)
+        if authorize is not None and not authorize(request):
+            return forbidden(request, "This dashboard is not open to you.")
+        if read_only:
+            return forbidden(request, "This dashboard is read-only: it takes no action.")
+        params = dict(request.query_params)
+        return respond(request, await run_in_threadpool(views.confirm, params, csrf_token(key, cookie)))
+
+    async def act(request: Request) -> Response:
+        cookie = request.cookies.get(CSRF_COOKIE)
+        cookie_of(request)
+        if authorize is not None and not authorize(request):
+            return forbidden(request, "This dashboard is not open to you.")
+        if read_only:
+            return forbidden(request, "This dashboard is read-only: it takes no action.")
+        # The forms are urlencoded; read them without a multipart parser.
+        form = dict(urllib.parse.parse_qsl((await request.body()).decode("utf-8", "replace"), max_num_fields=100))
+        if not csrf_valid(key, cookie, form.pop("csrf", None)):
+            return forbidden(request, "The form's CSRF token is missing or wrong: open the page again and retry.")
+        return respond(request, await run_in_threadpool(views.act, form))
 
     async def events(request: Request) -> Response:
         if authorize is not None and not authorize(request):
@@ -101,6 +148,8 @@ def create_app(
         Route("/jobs", page(lambda request: views.jobs(dict(request.query_params)))),
         Route("/jobs/{table}/{job_id}", page(lambda request: views.job(
             request.path_params["table"], request.path_params["job_id"]))),
+        Route("/confirm", confirm),
+        Route("/act", act, methods=["POST"]),
         Route("/events", events),
         Route("/static/dashboard.js", static_script),
     ]

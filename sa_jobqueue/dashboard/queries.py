@@ -105,7 +105,7 @@ def jobs_page(session: Session, repository: JobRepository[Any], wanted: JobFilte
     if wanted.payload_path is not None:
         check_path(session, wanted.payload_path)
     stmt = select(*repository.snapshots.columns).order_by(t.c.id.desc()).limit(limit + 1)
-    for condition in _conditions(t, wanted):
+    for condition in conditions(t, wanted):
         stmt = stmt.where(condition)
     jobs = repository.snapshots.all(session.execute(stmt).all())
     if len(jobs) > limit:
@@ -126,7 +126,8 @@ def check_path(session: Session, path: str) -> None:
         raise FilterError("payload", f"not a SQL/JSON path: {message}") from None
 
 
-def _conditions(t: Table, wanted: JobFilter) -> list[Any]:
+def conditions(t: Table, wanted: JobFilter) -> list[Any]:
+    """The WHERE conditions of ``wanted`` on table ``t`` (its keyset included)."""
     conditions: list[Any] = []
     if wanted.status == SCHEDULED:
         conditions.append(and_(t.c.status == literal_column(f"'{PENDING}'"), t.c.run_at > func.now()))
@@ -148,6 +149,17 @@ def _conditions(t: Table, wanted: JobFilter) -> list[Any]:
     return conditions
 
 
+def matching_ids(session: Session, repository: JobRepository[Any], wanted: JobFilter, limit: int) -> list[int]:
+    """The ids of up to ``limit`` jobs matching ``wanted`` (its keyset included), newest first."""
+    t: Table = repository.table
+    if wanted.payload_path is not None:
+        check_path(session, wanted.payload_path)
+    stmt = select(t.c.id).order_by(t.c.id.desc()).limit(limit)
+    for condition in conditions(t, wanted):
+        stmt = stmt.where(condition)
+    return list(session.scalars(stmt))
+
+
 def job_detail(session: Session, repository: JobRepository[Any], job_id: int) -> Any | None:
     """The job ``job_id`` of the table (a detached snapshot), or None."""
     t: Table = repository.table
@@ -156,6 +168,6 @@ def job_detail(session: Session, repository: JobRepository[Any], job_id: int) ->
 
 
 __all__ = [
-    "Minute", "Page", "QueueCounts", "check_path", "job_detail", "jobs_page", "queue_counts", "throughput",
-    "user_columns",
+    "Minute", "Page", "QueueCounts", "check_path", "conditions", "job_detail", "jobs_page", "matching_ids",
+    "queue_counts", "throughput", "user_columns",
 ]

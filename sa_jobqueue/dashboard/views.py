@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -21,11 +21,14 @@ from sqlalchemy.orm import Session
 
 from ..checks import INT64_MAX
 from ..repository import JobRepository
-from ..states import STATUSES
+from ..states import PRIORITY_MAX, PRIORITY_MIN, STATUSES
 from . import queries
+from .actions import ACTIONS, apply
 from .filters import FILTER_STATUSES, SCHEDULED, FilterError, JobFilter, parse_filter
 from .health import DEAD_TUPLES_RATIO, OLDEST_RUNNABLE_LIMIT, OLDEST_TRANSACTION_LIMIT, table_health
 
+# The confirmation page counts matching jobs up to this many (counting a million rows is a scan).
+CONFIRM_COUNT_LIMIT = 10_000
 # A page's statements give up after this: a dashboard must not load the queue's database.
 STATEMENT_TIMEOUT = timedelta(seconds=5)
 
@@ -56,6 +59,7 @@ class Views:
     engine: Engine
     repositories: Sequence[JobRepository[Any]]
     title: str = "sa_jobqueue"
+    read_only: bool = False
     tables: dict[str, JobRepository[Any]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -74,7 +78,8 @@ class Views:
     def _page(self, template: str, page: str, status: int = 200, **context: Any) -> Rendered:
         limits = {"runnable": OLDEST_RUNNABLE_LIMIT, "transaction": OLDEST_TRANSACTION_LIMIT,
                   "dead_ratio": DEAD_TUPLES_RATIO}
-        return Rendered(template, {"title": self.title, "page": page, "limits": limits, **context}, status)
+        return Rendered(template, {"title": self.title, "page": page, "limits": limits, "read_only": self.read_only,
+                                   "actions": ACTIONS, **context}, status)
 
     def error(self, status: int, heading: str, message: str) -> Rendered:
         """An error page: ``heading`` and ``message`` shown, answered with ``status``."""
@@ -112,7 +117,7 @@ class Views:
         page = {"dead": "dead", SCHEDULED: "scheduled"}.get(wanted.status or "", "jobs")
         heading = {"dead": "Dead jobs", "scheduled": "Scheduled jobs"}.get(page, "Jobs")
         next_query = None if found.next_before is None else {"table": name, **wanted.query(before=found.next_before)}
-        context.update(jobs=found.jobs, next_query=next_query)
+        context.update(jobs=found.jobs, next_query=next_query, action_query={"table": name, **wanted.query()})
         return self._page("jobs.html", page, heading=heading, **context)
 
     def job(self, table: str, job_id: str) -> Rendered:
@@ -124,7 +129,61 @@ class Views:
             job = queries.job_detail(session, repo, int(job_id))
         if job is None:
             return self.error(404, "No such job", f"no job {job_id} in {table} (finished and deleted, or purged)")
-        return self._page("job.html", "jobs", job=job, table=table, own_columns=sorted(queries.user_columns(repo)))
+        return self._page("job.html", "jobs", job=job, table=table, own_columns=sorted(queries.user_columns(repo)),
+                          action_query={"table": table, "id": str(job.id)})
 
 
-__all__ = ["STATEMENT_TIMEOUT", "Rendered", "TableOverview", "Views"]
+    def _target(self, params: Mapping[str, str]) -> tuple[str, JobRepository[Any], str, JobFilter] | Rendered:
+        """An action's table, repository, name and filter (without its keyset: every match), or an error page."""
+        name, action = params.get("table", ""), params.get("action", "")
+        repo = self.tables.get(name)
+        if repo is None:
+            return self.error(404, "No such table", f"table: {name[:80]!r} is not a job table of this dashboard")
+        if action not in ACTIONS:
+            return self.error(400, "No such action", f"action: must be one of {', '.join(ACTIONS)}, "
+                                                     f"got {action[:40]!r}")
+        filter_params = {k: v for k, v in params.items() if k not in ("action", "csrf", "priority", "confirm")}
+        try:
+            wanted = replace(parse_filter(filter_params, queries.user_columns(repo)), before=None)
+        except FilterError as exc:
+            return self.error(400, "Bad filter", str(exc))
+        return name, repo, action, wanted
+
+    def confirm(self, params: Mapping[str, str], token: str) -> Rendered:
+        """The page that asks before an action: what it does, to how many jobs; its form carries ``token``."""
+        target = self._target(params)
+        if isinstance(target, Rendered):
+            return target
+        name, repo, action, wanted = target
+        try:
+            with self._reading() as session:
+                count = len(queries.matching_ids(session, repo, wanted, CONFIRM_COUNT_LIMIT + 1))
+        except FilterError as exc:
+            return self.error(400, "Bad filter", str(exc))
+        shown = f"more than {CONFIRM_COUNT_LIMIT:,}" if count > CONFIRM_COUNT_LIMIT else f"{count:,}"
+        fields = {"table": name, "action": action, **wanted.query()}
+        return self._page("confirm.html", "jobs", action=ACTIONS[action], action_name=action, count=shown,
+                          fields=fields, token=token, back={"table": name, **wanted.query()})
+
+    def act(self, params: Mapping[str, str]) -> Rendered:
+        """Apply the action the confirmation page posted; the page says what changed."""
+        target = self._target(params)
+        if isinstance(target, Rendered):
+            return target
+        name, repo, action, wanted = target
+        priority = 0
+        if action == "priority":
+            raw = params.get("priority", "").strip()
+            if not raw.lstrip("-").isdigit() or len(raw) > 6 or not PRIORITY_MIN <= int(raw) <= PRIORITY_MAX:
+                return self.error(400, "Bad priority", f"priority: must be a whole number from {PRIORITY_MIN} "
+                                                       f"to {PRIORITY_MAX}, got {raw[:40]!r}")
+            priority = int(raw)
+        try:
+            outcome = apply(self.engine, repo, action, wanted, priority)
+        except FilterError as exc:
+            return self.error(400, "Bad filter", str(exc))
+        return self._page("done.html", "jobs", action=ACTIONS[action], outcome=outcome,
+                          back={"table": name, **wanted.query()})
+
+
+__all__ = ["CONFIRM_COUNT_LIMIT", "STATEMENT_TIMEOUT", "Rendered", "TableOverview", "Views"]
