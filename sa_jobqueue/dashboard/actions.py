@@ -1,4 +1,4 @@
-"""The dashboard's actions on jobs, and the CSRF tokens that guard them.
+"""The dashboard's actions on jobs.
 
 An action (:data:`ACTIONS`) applies one of the library's verbs to every job
 matching a filter (one job: the filter ``id``), in batches of
@@ -8,16 +8,11 @@ they are, so an action over a mixed filter is safe: the result counts what
 changed and what was left. None touches a running job except ``cancel``,
 which asks its worker to stop it (:meth:`~sa_jobqueue.JobRepository.cancel`).
 
-A CSRF token is the HMAC of a random per-browser cookie under the app's
-secret: a form posted from another site has the cookie (the browser sends
-it) but cannot know the token, so the action is refused.
+The forms that post them carry a CSRF token (:mod:`sa_jobqueue.dashboard.csrf`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,7 +26,6 @@ from . import queries
 from .filters import JobFilter
 
 BATCH = 500
-CSRF_COOKIE = "sajq_csrf"
 
 Verb = Callable[[Session, JobRepository[Any], int, int], bool]
 
@@ -80,19 +74,4 @@ def apply(engine: Engine, repository: JobRepository[Any], name: str, wanted: Job
         keyset = replace(wanted, before=ids[-1])
 
 
-def new_cookie() -> str:
-    """A fresh random value for the CSRF cookie."""
-    return secrets.token_urlsafe(32)
-
-
-def csrf_token(secret: bytes, cookie: str) -> str:
-    """The token a form must carry for a browser whose CSRF cookie is ``cookie``."""
-    return hmac.new(secret, cookie.encode(), hashlib.sha256).hexdigest()
-
-
-def csrf_valid(secret: bytes, cookie: str | None, token: str | None) -> bool:
-    """Whether ``token`` is the one for ``cookie`` (both given), compared in constant time."""
-    return bool(cookie) and bool(token) and hmac.compare_digest(csrf_token(secret, cookie or ""), token or "")
-
-
-__all__ = ["ACTIONS", "BATCH", "CSRF_COOKIE", "Action", "Outcome", "apply", "csrf_token", "csrf_valid", "new_cookie"]
+__all__ = ["ACTIONS", "BATCH", "Action", "Outcome", "apply"]

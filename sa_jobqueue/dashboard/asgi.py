@@ -34,10 +34,12 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..repository import JobRepository
-from .actions import CSRF_COOKIE, csrf_token, csrf_valid, new_cookie
+from .csrf import CSRF_COOKIE, new_cookie
+from .gate import Gate
 from .live import Broadcast
+from .page import Rendered
 from .render import environment
-from .views import Rendered, Views
+from .views import Views
 
 Authorize = Callable[[Request], bool]
 DEFAULT_POLL_INTERVAL = 5.0
@@ -63,7 +65,7 @@ def create_app(
     one when several processes serve the same dashboard).
     """
     views = Views(engine, list(repositories), title=title, read_only=read_only)
-    key = secret if secret is not None else secrets.token_bytes(32)
+    gate = Gate(views.error, authorize, read_only, secret if secret is not None else secrets.token_bytes(32))
     broadcast = Broadcast(engine, [repo.channel for repo in views.tables.values()], listen=listen)
     templates = environment()
     script = resources.files("sa_jobqueue.dashboard").joinpath("static/dashboard.js").read_text()
@@ -85,42 +87,36 @@ def create_app(
         request.state.csrf_cookie = request.cookies.get(CSRF_COOKIE) or new_cookie()
         return str(request.state.csrf_cookie)
 
-    def forbidden(request: Request, message: str) -> Response:
-        cookie_of(request)
-        return respond(request, views.error(403, "Not allowed", message))
 
     def page(make: Callable[[Request], Rendered]) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
             cookie_of(request)
-            if authorize is not None and not authorize(request):
-                return forbidden(request, "This dashboard is not open to you.")
+            refused = gate.page(request)
+            if refused is not None:
+                return respond(request, refused)
             return respond(request, await run_in_threadpool(make, request))
         return endpoint
 
     async def confirm(request: Request) -> Response:
         cookie = cookie_of(request)
-        if authorize is not None and not authorize(request):
-            return forbidden(request, "This dashboard is not open to you.")
-        if read_only:
-            return forbidden(request, "This dashboard is read-only: it takes no action.")
+        refused = gate.action(request)
+        if refused is not None:
+            return respond(request, refused)
         params = dict(request.query_params)
-        return respond(request, await run_in_threadpool(views.confirm, params, csrf_token(key, cookie)))
+        return respond(request, await run_in_threadpool(views.confirm, params, gate.token(cookie)))
 
     async def act(request: Request) -> Response:
-        cookie = request.cookies.get(CSRF_COOKIE)
+        given = request.cookies.get(CSRF_COOKIE)
         cookie_of(request)
-        if authorize is not None and not authorize(request):
-            return forbidden(request, "This dashboard is not open to you.")
-        if read_only:
-            return forbidden(request, "This dashboard is read-only: it takes no action.")
         # The forms are urlencoded; read them without a multipart parser.
         form = dict(urllib.parse.parse_qsl((await request.body()).decode("utf-8", "replace"), max_num_fields=100))
-        if not csrf_valid(key, cookie, form.pop("csrf", None)):
-            return forbidden(request, "The form's CSRF token is missing or wrong: open the page again and retry.")
+        refused = gate.action(request, given, form.pop("csrf", None), posted=True)
+        if refused is not None:
+            return respond(request, refused)
         return respond(request, await run_in_threadpool(views.act, form))
 
     async def events(request: Request) -> Response:
-        if authorize is not None and not authorize(request):
+        if gate.page(request) is not None:
             return Response("not allowed", status_code=403)
 
         async def stream() -> AsyncIterator[str]:

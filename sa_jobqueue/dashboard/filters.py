@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..checks import check_job_id, check_name
 from ..errors import InvalidArgumentError
-from ..spec import check_job_id, check_name
 from ..states import NAME_LENGTH, STATUSES
 
 # A pseudo-status of the jobs page: pending jobs whose run_at lies in the future.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import Engine
 
@@ -30,14 +30,15 @@ class Broadcast:
         self._channels = list(channels)
         self._listen = listen
         self._lock = threading.Lock()
-        self._waiting: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        # Each waiting stream's event, and how to set it from the listener's thread.
+        self._waiting: dict[object, Callable[[], None]] = {}
         self._listener: Listener | None = None
 
     def _notified(self, channel: str, payload: str) -> None:
         with self._lock:
-            waiting = list(self._waiting)
-        for loop, event in waiting:
-            loop.call_soon_threadsafe(event.set)
+            wakes = list(self._waiting.values())
+        for wake in wakes:
+            wake()
 
     def _start(self) -> None:
         with self._lock:
@@ -57,17 +58,36 @@ class Broadcast:
         finally:
             event.clear()
 
+    def wait_thread(self, event: threading.Event, timeout: float) -> bool:
+        """:meth:`wait`, for a stream served by a thread (:meth:`subscribe_thread`)."""
+        notified = event.wait(timeout)
+        event.clear()
+        return notified
+
     def subscribe(self) -> asyncio.Event:
         """An event set at every notification, for the calling event loop; :meth:`unsubscribe` it after."""
         self._start()
         event = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(event.set)
+
         with self._lock:
-            self._waiting.add((asyncio.get_running_loop(), event))
+            self._waiting[event] = wake
         return event
 
-    def unsubscribe(self, event: asyncio.Event) -> None:
+    def subscribe_thread(self) -> threading.Event:
+        """:meth:`subscribe`, for a stream served by a thread (a WSGI server's)."""
+        self._start()
+        event = threading.Event()
         with self._lock:
-            self._waiting = {(loop, e) for loop, e in self._waiting if e is not event}
+            self._waiting[event] = event.set
+        return event
+
+    def unsubscribe(self, event: object) -> None:
+        with self._lock:
+            self._waiting.pop(event, None)
 
     def stop(self) -> None:
         """Stop listening (the app's shutdown)."""

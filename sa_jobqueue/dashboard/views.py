@@ -26,20 +26,12 @@ from . import queries
 from .actions import ACTIONS, apply
 from .filters import FILTER_STATUSES, SCHEDULED, FilterError, JobFilter, parse_filter
 from .health import DEAD_TUPLES_RATIO, OLDEST_RUNNABLE_LIMIT, OLDEST_TRANSACTION_LIMIT, table_health
+from .page import Rendered
 
 # The confirmation page counts matching jobs up to this many (counting a million rows is a scan).
 CONFIRM_COUNT_LIMIT = 10_000
 # A page's statements give up after this: a dashboard must not load the queue's database.
 STATEMENT_TIMEOUT = timedelta(seconds=5)
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """A page to render: ``template`` with ``context``, answered with ``status``."""
-
-    template: str
-    context: dict[str, Any]
-    status: int = 200
 
 
 @dataclass(frozen=True)
