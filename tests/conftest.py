@@ -78,6 +78,16 @@ def create_database(server_url: URL) -> Iterator[Callable[[], URL]]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="module")
+def module_database(create_database: Callable[[], URL]) -> Iterator[tuple[URL, Engine]]:
+    """A database of the module's own with tests/jobapp.py's tables: its URL and an engine on it."""
+    url = create_database()
+    own = create_engine(url)
+    jobapp.Base.metadata.create_all(own)
+    yield url, own
+    own.dispose()
+
+
 @pytest.fixture(scope="session")
 def db_url(create_database: Callable[[], URL]) -> URL:
     """The database of the shared test schema (tests/jobapp.py's models)."""

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import re
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from dashboard_server import get, serving
-from jobapp import Base, TaskJob, emails, jobs, reports
-from sqlalchemy import Engine, create_engine, func, select, text
+from jobapp import TaskJob, emails, jobs, reports
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from test_docs import DOCS, python_blocks, section
@@ -26,12 +26,8 @@ LEASE = timedelta(seconds=60)
 
 
 @pytest.fixture(scope="module")
-def dashboard_db(create_database: Callable[[], URL]) -> Iterator[tuple[URL, Engine]]:
-    url = create_database()
-    engine = create_engine(url)
-    Base.metadata.create_all(engine)
-    yield url, engine
-    engine.dispose()
+def dashboard_db(module_database: tuple[URL, Engine]) -> tuple[URL, Engine]:
+    return module_database
 
 
 @pytest.fixture(scope="module")

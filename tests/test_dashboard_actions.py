@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from dashboard_server import browser_like, get, post, serving
-from jobapp import Base, TaskJob, jobs
-from sqlalchemy import Engine, create_engine, func, select
+from jobapp import TaskJob, jobs
+from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -23,12 +23,8 @@ LEASE = timedelta(seconds=60)
 
 
 @pytest.fixture(scope="module")
-def database(create_database: Callable[[], URL]) -> Iterator[tuple[URL, Engine]]:
-    url = create_database()
-    engine = create_engine(url)
-    Base.metadata.create_all(engine)
-    yield url, engine
-    engine.dispose()
+def database(module_database: tuple[URL, Engine]) -> tuple[URL, Engine]:
+    return module_database
 
 
 @pytest.fixture(scope="module")

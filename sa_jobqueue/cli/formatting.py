@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 import click
 
+from ..durations import clock_parts
 from ..spec import SCHEDULE_HORIZON
 
 __all__ = ["format_age", "parse_duration", "render_table", "seconds", "short", "when"]
@@ -18,10 +19,7 @@ def format_age(age: timedelta | None) -> str:
     """``3d04h05m06s``, shortest form; ``-`` for None."""
     if age is None:
         return "-"
-    seconds = max(0, int(age.total_seconds()))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
+    days, hours, minutes, secs = clock_parts(age)
     if days:
         return f"{days}d{hours:02d}h{minutes:02d}m{secs:02d}s"
     if hours:

@@ -14,6 +14,8 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from ..durations import clock_parts
+
 
 def age(value: timedelta | None) -> str:
     """``1h 02m``, ``3m 05s``, ``12s``, ``0.4s``; an em dash for None."""
@@ -22,10 +24,7 @@ def age(value: timedelta | None) -> str:
     seconds = value.total_seconds()
     if seconds < 10:
         return f"{seconds:.1f}s"
-    whole = int(seconds)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
+    days, hours, minutes, secs = clock_parts(value)
     if days:
         return f"{days}d {hours:02d}h"
     if hours:
