@@ -45,6 +45,12 @@ def check_cron(parameter: str, value: object) -> str:
     return expression
 
 
+def next_tick(cron: str, after: datetime) -> datetime:
+    """The first tick of the (checked) cron expression ``cron`` after ``after``."""
+    tick: datetime = croniter(cron, after).get_next(datetime)
+    return tick
+
+
 @dataclass(frozen=True, eq=False)
 class Periodic:
     """One schedule: enqueue ``task`` with ``payload`` on ``queue`` at every tick of ``cron`` (UTC).

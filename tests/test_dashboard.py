@@ -7,7 +7,7 @@ import asyncio
 import re
 import urllib.parse
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from test_docs import DOCS, python_blocks, section
 
-from sa_jobqueue import JobSpec
+from sa_jobqueue import JobSpec, Periodic, PeriodicScheduler, create_periodic_table
 from sa_jobqueue.dashboard.filters import FilterError, JobFilter, parse_filter
 from sa_jobqueue.dashboard.render import age, size
 
@@ -252,3 +252,19 @@ def test_the_mounting_example_serves_under_its_prefix(dashboard_db: tuple[URL, E
     assert status == 200 and 'href="/queue/jobs?status=dead"' in html and "<th>tenant_id</th>" in html
     status, html = _asgi_get(namespace["app"], f"/queue/jobs/report_jobs/{filled['done']}")
     assert status == 200 and 'id="result"' in html
+
+
+def test_the_periodic_page_shows_last_and_next_ticks(dashboard_db: tuple[URL, Engine], dashboard: str) -> None:
+    status, html = get(dashboard, "/periodic")
+    assert status == 200 and "no schedule has run on these tables" in html  # no sa_jobqueue_periodic yet
+    _, engine = dashboard_db
+    create_periodic_table(engine)
+    scheduler = PeriodicScheduler(jobs, [Periodic(cron="0 3 * * *", task="cleanup", name="nightly", queue="ops")])
+    with Session(engine) as session, session.begin():
+        scheduler.run_due(session, now=datetime(2020, 6, 1, 12, 0, tzinfo=timezone.utc))
+    status, html = get(dashboard, "/periodic")
+    row = re.search(r'<tr data-schedule="nightly">.*?</tr>', html, re.S)
+    assert status == 200 and row is not None
+    assert "<td>task_jobs</td><td>ops</td>" in row.group(0) and "<code>0 3 * * *</code>" in row.group(0)
+    assert "2020-06-01 03:00:00 UTC" in row.group(0) and "2020-06-02 03:00:00 UTC" in row.group(0)
+    assert "overdue" in row.group(0)  # the next tick lies in the past of the database's clock: no worker ran it

@@ -144,6 +144,7 @@ def create_app(
         Route("/jobs", page(lambda request: views.jobs(dict(request.query_params)))),
         Route("/jobs/{table}/{job_id}", page(lambda request: views.job(
             request.path_params["table"], request.path_params["job_id"]))),
+        Route("/periodic", page(lambda request: views.periodic())),
         Route("/confirm", confirm),
         Route("/act", act, methods=["POST"]),
         Route("/events", events),

@@ -86,6 +86,10 @@ def dashboard_blueprint(
     def job(table: str, job_id: str) -> Response:
         return page(lambda: views.job(table, job_id))
 
+    @blueprint.get("/periodic")
+    def periodic() -> Response:
+        return page(views.periodic)
+
     @blueprint.get("/confirm")
     def confirm() -> Response:
         browser = cookie()

@@ -27,6 +27,7 @@ from .actions import ACTIONS, apply
 from .filters import FILTER_STATUSES, SCHEDULED, FilterError, JobFilter, parse_filter
 from .health import DEAD_TUPLES_RATIO, OLDEST_RUNNABLE_LIMIT, OLDEST_TRANSACTION_LIMIT, table_health
 from .page import Rendered
+from .schedules import schedules
 
 # The confirmation page counts matching jobs up to this many (counting a million rows is a scan).
 CONFIRM_COUNT_LIMIT = 10_000
@@ -111,6 +112,13 @@ class Views:
         next_query = None if found.next_before is None else {"table": name, **wanted.query(before=found.next_before)}
         context.update(jobs=found.jobs, next_query=next_query, action_query={"table": name, **wanted.query()})
         return self._page("jobs.html", page, heading=heading, **context)
+
+    def periodic(self) -> Rendered:
+        """The periodic schedules of the tables: last tick enqueued, next tick due."""
+        with self._reading() as session:
+            found = schedules(session, list(self.tables))
+            now = session.execute(text("SELECT now()")).scalar_one()
+        return self._page("periodic.html", "periodic", schedules=found, now=now)
 
     def job(self, table: str, job_id: str) -> Rendered:
         """One job of ``table``: everything the row holds."""
