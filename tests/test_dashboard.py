@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import re
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from dashboard_server import get, serving
 from jobapp import TaskJob, emails, jobs, reports
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from test_docs import DOCS, python_blocks, section
@@ -268,3 +268,26 @@ def test_the_periodic_page_shows_last_and_next_ticks(dashboard_db: tuple[URL, En
     assert "<td>task_jobs</td><td>ops</td>" in row.group(0) and "<code>0 3 * * *</code>" in row.group(0)
     assert "2020-06-01 03:00:00 UTC" in row.group(0) and "2020-06-02 03:00:00 UTC" in row.group(0)
     assert "overdue" in row.group(0)  # the next tick lies in the past of the database's clock: no worker ran it
+
+
+def test_a_page_the_database_fails_is_a_503_that_says_why(create_database: Callable[[], URL]) -> None:
+    from sa_jobqueue.dashboard.views import Views
+
+    empty = create_engine(create_database())  # no job table in it
+    try:
+        views = Views(empty, [jobs])
+        for make in (views.overview, lambda: views.jobs({}), lambda: views.job("task_jobs", "1")):
+            page = views.answer(make)
+            assert page.status == 503 and 'relation "task_jobs" does not exist' in page.context["message"]
+    finally:
+        empty.dispose()
+
+
+def test_the_command_refuses_to_serve_a_table_that_does_not_exist(create_database: Callable[[], URL]) -> None:
+    from click.testing import CliRunner
+
+    from sa_jobqueue.cli import main
+
+    url = create_database().set(drivername="postgresql").render_as_string(hide_password=False)
+    result = CliRunner().invoke(main, ["dashboard", "--port", "0"], env={"DATABASE_URL": url})
+    assert result.exit_code != 0 and "table 'sa_jobqueue_jobs' does not exist" in result.output

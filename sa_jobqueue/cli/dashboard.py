@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import click
+from sqlalchemy.orm import Session
 
+from .database import database_errors
 from .errors import CliUsageError, OneLineCommand
 from .state import DEFAULT_MODEL, cli_state, load_repository
 
@@ -36,7 +38,11 @@ def dashboard_command(
     except ImportError as exc:
         raise CliUsageError(f"the dashboard needs its extra: pip install 'sa_jobqueue[dashboard]' ({exc})") from None
     repositories = [load_repository(path) for path in (model_paths or (DEFAULT_MODEL,))]
-    app = create_app(cli_state(ctx).engine(), repositories, title=title, listen=listen, poll_interval=poll_interval,
+    engine = cli_state(ctx).engine()
+    for repository in repositories:  # a missing table or database is one line now, not a broken page later
+        with database_errors(engine, repository.table.name), Session(engine) as session:
+            repository.stats(session)
+    app = create_app(engine, repositories, title=title, listen=listen, poll_interval=poll_interval,
                      read_only=read_only)
     if fd is not None:
         uvicorn.run(app, fd=fd, log_level="warning")

@@ -94,7 +94,7 @@ def create_app(
             refused = gate.page(request)
             if refused is not None:
                 return respond(request, refused)
-            return respond(request, await run_in_threadpool(make, request))
+            return respond(request, await run_in_threadpool(views.answer, lambda: make(request)))
         return endpoint
 
     async def confirm(request: Request) -> Response:
@@ -102,8 +102,8 @@ def create_app(
         refused = gate.action(request)
         if refused is not None:
             return respond(request, refused)
-        params = dict(request.query_params)
-        return respond(request, await run_in_threadpool(views.confirm, params, gate.token(cookie)))
+        params, token = dict(request.query_params), gate.token(cookie)
+        return respond(request, await run_in_threadpool(views.answer, lambda: views.confirm(params, token)))
 
     async def act(request: Request) -> Response:
         given = request.cookies.get(CSRF_COOKIE)
@@ -113,7 +113,7 @@ def create_app(
         refused = gate.action(request, given, form.pop("csrf", None), posted=True)
         if refused is not None:
             return respond(request, refused)
-        return respond(request, await run_in_threadpool(views.act, form))
+        return respond(request, await run_in_threadpool(views.answer, lambda: views.act(form)))
 
     async def events(request: Request) -> Response:
         if gate.page(request) is not None:

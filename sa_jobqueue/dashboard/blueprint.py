@@ -72,7 +72,7 @@ def dashboard_blueprint(
 
     def page(make: Callable[[], Rendered]) -> Response:
         cookie()
-        return respond(gate.page(request) or make())
+        return respond(gate.page(request) or views.answer(make))
 
     @blueprint.get("/")
     def overview() -> Response:
@@ -93,7 +93,8 @@ def dashboard_blueprint(
     @blueprint.get("/confirm")
     def confirm() -> Response:
         browser = cookie()
-        return respond(gate.action(request) or views.confirm(request.args.to_dict(), gate.token(browser)))
+        params = request.args.to_dict()
+        return respond(gate.action(request) or views.answer(lambda: views.confirm(params, gate.token(browser))))
 
     @blueprint.post("/act")
     def act() -> Response:
@@ -101,7 +102,7 @@ def dashboard_blueprint(
         cookie()
         form = request.form.to_dict()
         refused = gate.action(request, given, form.pop("csrf", None), posted=True)
-        return respond(refused or views.act(form))
+        return respond(refused or views.answer(lambda: views.act(form)))
 
     @blueprint.get("/events")
     def events() -> Response:

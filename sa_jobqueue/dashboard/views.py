@@ -10,13 +10,14 @@ run long; a bad filter is a 400 with its message, an unknown table or job a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ..checks import INT64_MAX
@@ -59,6 +60,16 @@ class Views:
         self.tables = {repo.table.name: repo for repo in self.repositories}
         if not self.tables:
             raise ValueError("repositories: give at least one JobRepository")
+
+    def answer(self, make: Callable[[], Rendered]) -> Rendered:
+        """``make()``'s page, or, when the database fails it (down, a table missing), a 503 page that says
+        what the database answered: a page never fails with a traceback."""
+        try:
+            return make()
+        except SQLAlchemyError as exc:
+            orig = getattr(exc, "orig", None) or exc
+            message = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+            return self.error(503, "The database failed this page", message[:300])
 
     @contextmanager
     def _reading(self) -> Iterator[Session]:
