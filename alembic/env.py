@@ -21,7 +21,8 @@ The history is kept in ``sa_jobqueue_alembic_version`` rather than the usual
 ``alembic_version``, so these revisions can run against an application's
 database that has an Alembic history of its own. Autogenerate (``alembic
 check``, ``revision --autogenerate``) looks only at the tables of
-``sa_jobqueue.default.Base.metadata`` and ``sa_jobqueue.periodic.PeriodicBase.metadata``:
+``sa_jobqueue.default.Base.metadata``, ``sa_jobqueue.periodic.PeriodicBase.metadata`` and
+``sa_jobqueue.control_tables.ControlBase.metadata``:
 the application's other tables are neither reported as drift nor dropped.
 """
 
@@ -35,6 +36,7 @@ from sqlalchemy import create_engine, pool
 from sqlalchemy.engine import Connection
 
 from alembic import context
+from sa_jobqueue.control_tables import ControlBase
 from sa_jobqueue.default import Base
 from sa_jobqueue.migrations import CALLERS_TRANSACTION
 from sa_jobqueue.periodic import PeriodicBase
@@ -43,8 +45,9 @@ from sa_jobqueue.urls import psycopg_url
 VERSION_TABLE = "sa_jobqueue_alembic_version"
 
 config = context.config
-# The default job table and the periodic schedules' table (sa_jobqueue_periodic).
-target_metadata = [Base.metadata, PeriodicBase.metadata]
+# The default job table, the periodic schedules' table (sa_jobqueue_periodic) and
+# the operations tables (sa_jobqueue_workers, sa_jobqueue_paused_queues).
+target_metadata = [Base.metadata, PeriodicBase.metadata, ControlBase.metadata]
 OWN_TABLES = {name for metadata in target_metadata for name in metadata.tables}
 
 # A caller that hands over its connection also owns its logging setup.

@@ -18,6 +18,7 @@
 """
 
 from .configured import ConfiguredTask
+from .control_tables import create_control_tables
 from .dedupe import Dedupe, EnqueueOutcome
 from .errors import (
     InvalidArgumentError,
@@ -34,7 +35,10 @@ from .errors import (
 from .job_context import JobContext
 from .middleware import HandlerCall
 from .mixin import JobMixin, job_table_args
+from .pausing import pause_queue, paused_queues, resume_queue
 from .periodic import Periodic, PeriodicScheduler, create_periodic_table
+from .presence import WorkerPresence, list_workers
+from .progress import Progress, progress_of, report_progress
 from .registry import TaskRegistry
 from .reports import LeaseReport, QueueStats, ReapResult
 from .repository import JobRepository
@@ -68,6 +72,7 @@ __all__ = [
     "LeaseReport",
     "Periodic",
     "PeriodicScheduler",
+    "Progress",
     "QueueStats",
     "ReapResult",
     "ResultNotReadyError",
@@ -77,11 +82,19 @@ __all__ = [
     "Task",
     "TaskRegistry",
     "Worker",
+    "WorkerPresence",
     "WorkerResult",
     "WorkerStuckError",
+    "create_control_tables",
     "create_periodic_table",
     "job_table_args",
+    "list_workers",
+    "pause_queue",
+    "paused_queues",
+    "progress_of",
     "psycopg_url",
     "read_result",
+    "report_progress",
+    "resume_queue",
     "wait_for_result",
 ]

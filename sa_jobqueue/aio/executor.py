@@ -40,7 +40,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 from .. import signals
 from ..connections import driver_backend_pid, is_fatal_to_connection
 from ..errors import JobLostError
-from ..logs import job_context
 from ..results import result_to_store, store_results
 from ..runnable import RunnableTask
 from ..worker.books import Held
@@ -78,7 +77,7 @@ class AsyncJobExecutor:
     async def run(self, held: Held) -> None:
         """Run one held job to its outcome."""
         try:
-            with job_context(held.job):
+            with self.ctx.running_job(held.job):
                 if held.cancel_requested:
                     await in_greenlet(self.steps.finish_cancelled, held)  # asked for before it started
                 else:

@@ -44,7 +44,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from .. import signals
 from ..connections import driver_backend_pid
-from ..logs import job_context
 from ..runnable import RunnableTask
 from ..worker.books import Held
 from ..worker.context import READ_COMMITTED, WorkerContext
@@ -163,7 +162,7 @@ class AsyncGroupRunner:
                 assert task is not None  # the claim grouped the job for its task's group_commit
                 start_job(ctx, held, task)
                 current = held
-                with job_context(held.job):
+                with self.ctx.running_job(held.job):
                     await task.run(held.job, session)
                 current = None
                 ran.append(held)
@@ -226,7 +225,7 @@ class AsyncGroupRunner:
         handler ran at the interrupt records an interrupted attempt, the others
         are sorted out by what was asked of each."""
         if current is not None and current.interrupted and not (current.timed_out or current.cancel_requested):
-            with job_context(current.job):
+            with self.ctx.running_job(current.job):
                 await self.executor.record_interrupted(current)
             group = [h for h in group if h is not current]
         return await self._unsettled(group)
@@ -235,7 +234,7 @@ class AsyncGroupRunner:
         """A handler of the group raised: its failure is recorded alone; the others run again."""
         task = self.ctx.tasks.get(culprit.job.task)
         assert task is not None
-        with job_context(culprit.job):
+        with self.ctx.running_job(culprit.job):
             await self.executor.after_failure(culprit, task, exc)
         rest = [h for h in group if h is not culprit]
         log.info("worker %s: job %s failed in a group; the group's other %s job(s) run again alone",
@@ -256,7 +255,7 @@ class AsyncGroupRunner:
                 continue
             held.started = held.deadline = None  # its deadline starts again with its next run
             if held.cancel_requested:
-                with job_context(held.job):
+                with self.ctx.running_job(held.job):
                     await in_greenlet(self.executor.steps.finish_cancelled, held)
                 continue
             self.ctx.books.keep(held)  # released for the group's completion: its lease extended again

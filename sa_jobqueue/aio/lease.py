@@ -146,8 +146,11 @@ class AsyncLeaseMode:
 
     def _claim(self, repo: Any, limit: int) -> list[Any]:
         ctx = self.ctx
+        queues = ctx.queues_for(repo)
+        if not queues:  # every queue of this table is paused
+            return []
         with ctx.control() as session:
-            jobs: list[Any] = repo.claim(session, queues=ctx.options.queues, limit=limit, worker=ctx.name,
+            jobs: list[Any] = repo.claim(session, queues=queues, limit=limit, worker=ctx.name,
                                          lease=ctx.options.lease)
         return jobs
 

@@ -44,7 +44,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 
 from .. import signals
 from ..connections import driver_backend_pid, is_fatal_to_connection
-from ..logs import job_context
 from ..results import result_to_store, store_results
 from ..runnable import RunnableTask
 from ..worker.context import READ_COMMITTED, WorkerContext
@@ -181,7 +180,7 @@ class AsyncTransactionMode:
             batch.unstarted.append(job)
             return
         started = time.monotonic()
-        with job_context(job):
+        with self.ctx.running_job(job):
             outcome, error = await self._run_in_savepoint(session, repo, job, pid)
         batch.ran(job, outcome, error, time.monotonic() - started)
 
@@ -206,7 +205,7 @@ class AsyncTransactionMode:
             timeout = task.timeout or ctx.options.job_timeout
             started = time.monotonic()
             try:
-                with job_context(job):
+                with self.ctx.running_job(job):
                     value = await self._call(task, job, session, None if timeout is None else timeout.total_seconds(),
                                              pid)
                 stored = result_to_store(task, repo, value)
@@ -233,7 +232,7 @@ class AsyncTransactionMode:
         else:
             await savepoint.rollback()
             job, task, error, duration = culprit
-            with job_context(job):
+            with self.ctx.running_job(job):
                 outcome = await self._record(session, repo, job, task, error)
             batch.ran(job, outcome, error, duration)
             rest = [job for job, _ in ran] + rest
@@ -242,7 +241,10 @@ class AsyncTransactionMode:
 
     def _claim(self, session: Any, repo: Any) -> list[Any]:
         ctx = self.ctx
-        jobs: list[Any] = repo.claim(session, queues=ctx.options.queues, limit=ctx.options.batch_size or 1,
+        queues = ctx.queues_for(repo)
+        if not queues:  # every queue of this table is paused
+            return []
+        jobs: list[Any] = repo.claim(session, queues=queues, limit=ctx.options.batch_size or 1,
                                      worker=ctx.name, lease=ctx.options.lease)
         return jobs
 

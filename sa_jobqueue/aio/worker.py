@@ -53,6 +53,7 @@ from ..worker.job_sessions import JobSessions
 from ..worker.maintenance import PeriodicPass, Reaper
 from ..worker.options import CLAIMERS, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_STALL_TIMEOUT, Mode, WorkerOptions
 from ..worker.pace import Pacer
+from ..worker.presence_beat import PauseWatch, PresenceBeat
 from .binds import pool_capacity, sync_repositories, sync_sessions
 from .bridge import in_greenlet
 from .executor import AsyncJobExecutor
@@ -192,13 +193,15 @@ class AsyncWorker(WorkerFace):
             else AsyncTransactionMode(ctx, self._sessions, threads, stopping, wake.set, watch.watch_job))
         restore = install_signal_handlers(loop, self._signalled) if handle_signals else (lambda: None)
         listener = self._start_listener(mode) if self.options.listen and not until_empty else None
+        presence = PresenceBeat(ctx, "asyncio")
         try:
-            await self._run_loop(ctx, mode, listener, until_empty)
+            await self._run_loop(ctx, mode, listener, until_empty, presence)
             await self._wind_down(ctx, mode)
         finally:
             if mode.busy:  # an error, or a stop at once: nothing more is recorded
                 mode.abort()
                 await mode.wait_idle(1.0)
+            await in_greenlet(presence.withdraw)
             if listener is not None:
                 await listener.stop()
             restore()
@@ -212,12 +215,16 @@ class AsyncWorker(WorkerFace):
 
     async def _run_loop(self, ctx: WorkerContext, mode: AsyncLeaseMode | AsyncTransactionMode,
                         listener: AsyncListener | None,
-                        until_empty: bool) -> None:
+                        until_empty: bool, presence: PresenceBeat) -> None:
         assert self._stopping is not None and self._wake is not None
         stopping, wake = self._stopping, self._wake
         now = time.monotonic()
-        reaper = Reaper(ctx)
-        duties: list[Duty] = [(lambda: in_greenlet(reaper.run), ctx.options.reap_interval, [now])]
+        reaper, pauses = Reaper(ctx), PauseWatch(ctx)
+        duties: list[Duty] = [
+            (lambda: in_greenlet(pauses.run), ctx.options.poll_interval, [now]),  # first: no claim from a paused queue
+            (lambda: in_greenlet(presence.run), presence.interval, [now]),
+            (lambda: in_greenlet(reaper.run), ctx.options.reap_interval, [now]),
+        ]
         if isinstance(mode, AsyncLeaseMode):
             duties.append((mode.heartbeat, ctx.options.heartbeat_interval, [now]))
         scheduler = PeriodicScheduler(ctx.repositories[0], self.tasks, queues=ctx.options.queues)

@@ -47,6 +47,7 @@ class Held:
     deadline: float | None = None  # monotonic, once started, when the task has a timeout
     backend_pid: int | None = None  # of the job's session, read in the thread that owns it
     cancel_requested: bool = False
+    progress_sent: Any = None  # the job's progress as the last heartbeat wrote it (sa_jobqueue.progress)
     timed_out: bool = False  # the deadline passed: the failure is recorded, the late return fenced
     thread: int | None = None  # the slot thread running it, once started (or connecting)
     connecting_since: float | None = None  # monotonic, while its session waits for a connection

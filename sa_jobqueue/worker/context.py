@@ -18,7 +18,9 @@ from sqlalchemy import Table
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..inflight import NOT_WATCHED, ConnectionWatch
+from ..logs import job_context
 from .job_sessions import READ_COMMITTED, JobSessions, read_committed_connection
+from .running import RunningJobs
 
 if TYPE_CHECKING:
     from ..runnable import Tasks
@@ -74,6 +76,10 @@ class WorkerContext:
     sessions_open: int = 0  # job sessions this worker holds right now
     # Watches a job's connection while the job holds it (None: no watchdog).
     watch_connection: Callable[[Any], ConnectionWatch] | None = None
+    running: RunningJobs = field(default_factory=RunningJobs)
+    # The paused queues of each job table, by table name, as of the last read
+    # (sa_jobqueue.worker.presence_beat.PauseWatch); claims leave them out.
+    paused: dict[str, frozenset[str]] = field(default_factory=dict)
     _turn: int = 0
     _hand_backs: list[Any] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -90,6 +96,18 @@ class WorkerContext:
             self._turn = (self._turn + 1) % len(self.repositories)
             turn = self._turn
         return self.repositories[turn:] + self.repositories[:turn]
+
+    @contextmanager
+    def running_job(self, job: Any) -> Iterator[None]:
+        """The block runs ``job``'s handler (or records its outcome): the job is
+        this thread's current job for logging, and listed as running."""
+        with job_context(job), self.running.running(job):
+            yield
+
+    def queues_for(self, repo: Any) -> list[str]:
+        """The worker's queues of ``repo``'s table that are not paused, in their order."""
+        paused = self.paused.get(repo.table.name)
+        return claimable(self.options.queues, paused) if paused else self.options.queues
 
     def session_opened(self, delta: int) -> None:
         with self._lock:
@@ -112,3 +130,8 @@ class WorkerContext:
     def back_off(self) -> None:
         """Something failed that the next claim would meet again: wait a poll interval."""
         self.pacer.back_off(time.monotonic())
+
+
+def claimable(queues: Sequence[str], paused: frozenset[str]) -> list[str]:
+    """The queues a worker claims from: its ``queues`` less the ``paused`` ones (possibly none)."""
+    return [queue for queue in queues if queue not in paused]

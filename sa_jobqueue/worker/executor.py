@@ -37,7 +37,6 @@ from .. import signals
 from ..connections import backend_pid, is_fatal_to_connection
 from ..errors import JobLostError
 from ..inflight import ConnectionWatch
-from ..logs import job_context
 from ..results import result_to_store, store_results
 from .books import Held
 from .context import WorkerContext
@@ -56,7 +55,7 @@ class JobExecutor:
         """Run one held job to its outcome; True (the slot found work)."""
         job = held.job
         try:
-            with job_context(job):
+            with self.ctx.running_job(job):
                 if held.cancel_requested:
                     self.finish_cancelled(held)  # asked for before it started
                 else:

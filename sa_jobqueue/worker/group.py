@@ -33,7 +33,6 @@ from sqlalchemy.orm import Session
 from .. import signals
 from ..connections import backend_pid, is_fatal_to_connection
 from ..inflight import ConnectionWatch
-from ..logs import job_context
 from ..results import result_to_store, store_results
 from .books import Held
 from .context import WorkerContext
@@ -183,7 +182,7 @@ class GroupRunner:
             assert task is not None  # the claim grouped the job for its task's group_commit
             self.executor.start(held, task)
             try:
-                with job_context(held.job):
+                with self.ctx.running_job(held.job):
                     stored = result_to_store(task, repo, refuse_awaitable(task.run(held.job, session)))
                 if stored is not None:
                     results[held.job.id] = stored
@@ -225,7 +224,7 @@ class GroupRunner:
             # have hit another job's handler: blame nobody, run each again alone.
             return self._unsettled(group)
         rest = [h for h in group if h is not culprit]
-        with job_context(culprit.job):
+        with self.ctx.running_job(culprit.job):
             self.executor.after_failure(culprit, task, exc)
         log.info("worker %s: job %s failed in a group; the group's other %s job(s) run again alone",
                  self.ctx.name, culprit.job.id, len(rest))

@@ -4,7 +4,9 @@
 statement per table in a transaction of its own, and reports what it
 learned: a job whose lease was lost (its completion will be refused by the
 fence) is logged, and a job whose cancel was asked for from another process
-goes to ``cancel``. :func:`request_cancel` is what both drivers do first
+goes to ``cancel``. The same transaction writes the progress the held jobs'
+handlers reported since the last beat (:mod:`sa_jobqueue.progress`).
+:func:`request_cancel` is what both drivers do first
 with such a job: mark it and tell it (``job.cancel_requested_at``); the
 thread worker then lets the handler return, the asyncio worker also
 cancels the handler's coroutine.
@@ -16,6 +18,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timezone
 
+from ..progress import record_progress
 from .books import Held
 from .context import WorkerContext
 
@@ -32,9 +35,15 @@ def heartbeat(ctx: WorkerContext, cancel: Callable[[Held], None]) -> None:
         try:
             with ctx.control() as session:
                 report = repo.extend_leases(session, [h.job for h in mine], lease=ctx.options.lease)
+                # Progress rides on the beat: the reports since the last one, in one statement.
+                moved = [h for h in mine if h.job.id in report.owned and h.job.progress is not h.progress_sent]
+                if moved:
+                    record_progress(session, repo.table, [h.job for h in moved])
         except Exception:
             log.exception("worker %s: heartbeat failed", ctx.name)
             continue
+        for h in moved:
+            h.progress_sent = h.job.progress
         for h in mine:
             if h.job.id not in report.owned and ctx.books.holds(h.job):
                 log.warning("worker %s: lost the lease of job %s (%s); its completion will be refused",

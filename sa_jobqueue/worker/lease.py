@@ -89,9 +89,12 @@ class LeaseMode:
             for repo in ctx.rotation():
                 if got >= ask:
                     break
+                queues = ctx.queues_for(repo)
+                if not queues:  # every queue of this table is paused
+                    continue
                 start = time.monotonic()
                 with ctx.control() as session:
-                    jobs = repo.claim(session, queues=ctx.options.queues, limit=ask - got, worker=ctx.name,
+                    jobs = repo.claim(session, queues=queues, limit=ask - got, worker=ctx.name,
                                       lease=ctx.options.lease)
                 took += time.monotonic() - start
                 got += len(jobs)  # committed: ours now

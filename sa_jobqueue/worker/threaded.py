@@ -51,6 +51,7 @@ from .lease import LeaseMode
 from .maintenance import PeriodicPass, Reaper
 from .options import CLAIMERS, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_STALL_TIMEOUT, Mode, WorkerOptions
 from .pace import Pacer
+from .presence_beat import PauseWatch, PresenceBeat
 from .shutdown import Shutdown
 from .transaction import TransactionMode
 
@@ -144,12 +145,14 @@ class Worker(WorkerFace):
         mode: LeaseMode | TransactionMode = LeaseMode(ctx) if self.options.mode == "lease" else TransactionMode(ctx)
         listener = self._start_listener(mode) if self.options.listen and not until_empty else None
         unwatch = self._start_watchdog(ctx, own)
+        presence = PresenceBeat(ctx, "threads")
         try:
-            self._loop(ctx, mode, listener, until_empty)
+            self._loop(ctx, mode, listener, until_empty, presence)
             self._wind_down(ctx, mode, shutdown)
         finally:
             # Threads still in a handler are daemons: the process may exit under them.
             mode.close(wait=not len(mode.slots))
+            presence.withdraw()
             if listener is not None:
                 listener.stop()
             unwatch()
@@ -161,10 +164,13 @@ class Worker(WorkerFace):
     # -- the loop --------------------------------------------------------
 
     def _loop(self, ctx: WorkerContext, mode: LeaseMode | TransactionMode, listener: Listener | None,
-              until_empty: bool) -> None:
+              until_empty: bool, presence: PresenceBeat) -> None:
         now = time.monotonic()
-        duties: list[tuple[Callable[[], bool], float, list[float]]] = [(Reaper(ctx).run, ctx.options.reap_interval,
-                                                                       [now])]
+        duties: list[tuple[Callable[[], bool], float, list[float]]] = [
+            (PauseWatch(ctx).run, ctx.options.poll_interval, [now]),  # first: no claim from a paused queue
+            (presence.run, presence.interval, [now]),
+            (Reaper(ctx).run, ctx.options.reap_interval, [now]),
+        ]
         if isinstance(mode, LeaseMode):
             duties.append((_never_finds(mode.heartbeat), ctx.options.heartbeat_interval, [now]))
         # The registry's schedules of the queues this worker serves, enqueued into its first job table.

@@ -35,7 +35,6 @@ from sqlalchemy.orm import Session
 
 from .. import signals
 from ..connections import backend_pid, is_fatal_to_connection
-from ..logs import job_context
 from ..results import result_to_store, store_results
 from .books import Held
 from .context import READ_COMMITTED, WorkerContext
@@ -193,7 +192,10 @@ class TransactionMode:
         """Claim and run one batch on ``session``'s transaction; None when nothing was claimable."""
         ctx = self.ctx
         for repo in ctx.rotation():
-            jobs = repo.claim(session, queues=ctx.options.queues, limit=ctx.options.batch_size or 1,
+            queues = ctx.queues_for(repo)
+            if not queues:  # every queue of this table is paused
+                continue
+            jobs = repo.claim(session, queues=queues, limit=ctx.options.batch_size or 1,
                               worker=ctx.name, lease=ctx.options.lease)
             if jobs:
                 break
@@ -214,7 +216,7 @@ class TransactionMode:
             batch.unstarted.append(job)
             return
         started = time.monotonic()
-        with job_context(job):
+        with self.ctx.running_job(job):
             outcome, error = self._run_in_savepoint(session, repo, job, pid)
         batch.ran(job, outcome, error, time.monotonic() - started)
 
@@ -241,7 +243,7 @@ class TransactionMode:
             held = None if timeout is None else self._start(repo, job, pid, timeout.total_seconds())
             started, error = time.monotonic(), None
             try:
-                with job_context(job):
+                with self.ctx.running_job(job):
                     stored = result_to_store(task, repo, refuse_awaitable(task.run(job, session)))
                 if stored is not None:
                     results[job.id] = stored
@@ -267,7 +269,7 @@ class TransactionMode:
         else:
             savepoint.rollback()
             job, task, held, error, duration = culprit
-            with job_context(job):
+            with self.ctx.running_job(job):
                 outcome = self._record(session, repo, job, task, held, error)
             batch.ran(job, outcome, error, duration)
             rest = [job for job, _ in ran] + rest
