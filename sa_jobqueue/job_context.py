@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .progress import Progress, report_progress
-
 __all__ = ["JobContext"]
 
 
@@ -53,6 +51,3 @@ class JobContext:
         """The job's own attempt limit, or None when its task's applies."""
         return None if self.job.max_attempts is None else int(self.job.max_attempts)
 
-    def report_progress(self, fraction: float, message: str = "") -> Progress:
-        """Report how far this attempt is (see :func:`sa_jobqueue.report_progress`)."""
-        return report_progress(self.job, fraction, message)

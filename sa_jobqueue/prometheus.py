@@ -8,7 +8,9 @@ Two parts, both optional:
   and queue (and table for reaps).
 * :class:`QueueCollector` reads the queue tables at scrape time through
   :meth:`JobRepository.stats`: jobs per queue and status, and the age of the
-  oldest runnable job per queue (the queue's latency). Run it in one process
+  oldest runnable job per queue (the queue's latency); from the operations
+  tables (revision 0007), the live worker processes per table and the
+  paused queues. Run it in one process
   (a web app or a sidecar), not in every worker: each scrape is a query.
 
 ::
@@ -33,6 +35,9 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from . import signals
+from .control_tables import WORKERS_TABLE
+from .pausing import paused_queues
+from .presence import list_workers
 from .repository import JobRepository
 
 # Handler run times: 1 ms to 10 min.
@@ -127,6 +132,28 @@ class QueueCollector(Collector):
                         oldest.add_metric([repo.table.name, row.queue], row.oldest_runnable_age.total_seconds())
         yield jobs
         yield oldest
+        yield from self._operations()
+
+    def _operations(self) -> Iterator[Metric]:
+        """Live workers per table and paused queues, from the operations tables
+        (none of either when revision 0007 was not run)."""
+        alive = GaugeMetricFamily(f"{self._namespace}_workers_alive",
+                                  "Worker processes whose presence beat is current, by job table served.",
+                                  labels=["table"])
+        paused = GaugeMetricFamily(f"{self._namespace}_queue_paused", "1 for each paused queue.",
+                                   labels=["table", "queue"])
+        tables = [repo.table.name for repo in self._repositories]
+        with Session(self._engine) as session, session.begin():
+            session.execute(text(f"SET LOCAL statement_timeout = {self._timeout}"))
+            if session.execute(text("SELECT to_regclass(:name)"), {"name": WORKERS_TABLE}).scalar_one() is not None:
+                workers = [w for w in list_workers(session, tables=tables) if w.alive]
+                for table in tables:
+                    alive.add_metric([table], sum(1 for w in workers if table in w.tables))
+                for table, queues in sorted(paused_queues(session, tables).items()):
+                    for queue in sorted(queues):
+                        paused.add_metric([table, queue], 1)
+        yield alive
+        yield paused
 
 
 __all__ = ["BUCKETS", "JobMetrics", "QueueCollector"]

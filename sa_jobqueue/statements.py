@@ -42,6 +42,7 @@ from sqlalchemy import (
     delete,
     func,
     literal_column,
+    null,
     or_,
     select,
     text,
@@ -183,7 +184,7 @@ def claim(model: Any, queue_count: int = 1, bound: int = 1) -> Update:
             lock_token=func.gen_random_uuid(),
             # A key held until the job starts is given up as it starts (sa_jobqueue.dedupe).
             dedupe_key=case((t.c.dedupe_until == RELEASED_AT_START, None), else_=t.c.dedupe_key),
-            progress=None,  # an attempt reports its own progress (sa_jobqueue.progress)
+            progress=null(),  # SQL NULL, not JSON null: an attempt reports its own progress (sa_jobqueue.progress)
         )
     )
 

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from alembic import command
 from sa_jobqueue import InvalidArgumentError, JobRepository
+from sa_jobqueue.control_tables import PAUSED_TABLE, WORKERS_TABLE, ControlBase
 from sa_jobqueue.default import Base as DefaultBase
 from sa_jobqueue.default import Job
 from sa_jobqueue.migrations import QUEUE_STORAGE, queue_storage
@@ -216,7 +217,7 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     assert {DEFAULT_TABLE, "sa_jobqueue_alembic_version"} <= tables(url)
     assert_job_objects(url, DEFAULT_TABLE)
     assert reloptions(url, DEFAULT_TABLE) == expected_reloptions(dict(QUEUE_STORAGE))
-    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0006",)]
+    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0007",)]
     # The application's history and tables are left alone.
     assert query(url, "SELECT version_num FROM alembic_version") == [("app_rev_42",)]
     # The schema the revisions build is the schema the model declares.
@@ -225,6 +226,9 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     # Revision 0002: the periodic schedules' table, as its model declares it.
     periodic_reference = reference_snapshot(create_database, PeriodicBase.metadata, [PERIODIC_TABLE])
     assert snapshot(url, [PERIODIC_TABLE]) == periodic_reference
+    # Revision 0007: the operations tables, as their models declare them.
+    control_reference = reference_snapshot(create_database, ControlBase.metadata, [WORKERS_TABLE, PAUSED_TABLE])
+    assert snapshot(url, [WORKERS_TABLE, PAUSED_TABLE]) == control_reference
     ids = query(url, "SELECT is_identity FROM information_schema.columns "
                 "WHERE table_name = :t AND column_name = 'id'", t=DEFAULT_TABLE)
     assert ids == [("YES",)]
@@ -235,6 +239,9 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     # No drift, and the application's own table is not reported as one to drop.
     assert_no_drift(REPO, url)
 
+    alembic_cli("downgrade", "0006", cwd=REPO, database_url=url)
+    assert not {WORKERS_TABLE, PAUSED_TABLE} & tables(url)
+    assert "progress" not in {c[0] for c in columns(url, DEFAULT_TABLE)}
     alembic_cli("downgrade", "0003", cwd=REPO, database_url=url)
     assert set(indexes(url, DEFAULT_TABLE)) >= {f"ix_{DEFAULT_TABLE}_claim_v1"}
     assert f"ix_{DEFAULT_TABLE}_claim_v2" not in indexes(url, DEFAULT_TABLE)
@@ -656,6 +663,9 @@ def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the
     ).replace(
         "    sa.Column('dedupe_until', sa.String(length=16), nullable=True),\n", ""
     ).replace(
+        "    sa.Column('progress', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), "
+        "nullable=True),\n", ""
+    ).replace(
         "sa.Column('max_attempts', sa.Integer(), nullable=True)",
         "sa.Column('max_attempts', sa.Integer(), server_default=sa.text('20'), nullable=False)",
     )
@@ -663,6 +673,7 @@ def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the
     # Nor the index of dedupe windows (each of its create and drop is one line of the revision).
     previous = "".join(line for line in previous.splitlines(keepends=True) if "_dedupe_done_v1" not in line)
     assert "'result'" not in previous and "'meta'" not in previous and "'dedupe_until'" not in previous
+    assert "'progress'" not in previous
     first.write_text(previous)
     alembic_cli("upgrade", "head", cwd=user_project, database_url=url)
     execute(url, "INSERT INTO email_jobs (task) VALUES ('noop')")
@@ -686,6 +697,8 @@ def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the
         assert (f"op.add_column('{table}', sa.Column('dedupe_until', sa.String(length=16), nullable=True))"
                 in source)
         assert f"op.create_index(op.f('ix_{table}_dedupe_done_v1'), '{table}', " in source
+        assert (f"op.add_column('{table}', sa.Column('progress', sa.JSON().with_variant(postgresql.JSONB("
+                "astext_type=sa.Text()), 'postgresql'), nullable=True))") in source
         assert f"op.drop_index(op.f('ix_{table}_dedupe_done_v1')" in source
         # max_attempts: nullable now; the server default's drop is left to the
         # user (autogenerate compares defaults only with compare_server_default).

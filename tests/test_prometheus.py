@@ -3,6 +3,7 @@ latency read from the tables at scrape time (sa_jobqueue/prometheus.py)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
@@ -12,8 +13,9 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
+from waiting import wait_for
 
-from sa_jobqueue import JobSpec, RetryPolicy, TaskRegistry, Worker
+from sa_jobqueue import JobSpec, RetryPolicy, TaskRegistry, Worker, pause_queue
 from sa_jobqueue.aio import AsyncJobRepository, AsyncWorker
 from sa_jobqueue.prometheus import JobMetrics, QueueCollector
 
@@ -123,3 +125,21 @@ async def test_the_asyncio_worker_feeds_the_same_counters(async_engine: AsyncEng
     assert _value(prom, "sa_jobqueue_jobs_failed_total", task="bad", queue="q", status="pending") == 1
     assert _value(prom, "sa_jobqueue_jobs_failed_total", task="bad", queue="q", status="dead") == 1
     assert _value(prom, "sa_jobqueue_job_duration_seconds_count", task="ok", queue="q", outcome="succeeded") == 3
+
+
+def test_live_workers_and_paused_queues_at_scrape_time(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    prom = CollectorRegistry()
+    QueueCollector(engine, [jobs]).register(prom)
+    assert _value(prom, "sa_jobqueue_workers_alive", table="task_jobs") == 0
+    with sessions.begin() as session:
+        pause_queue(session, jobs, "newsletters")
+    assert _value(prom, "sa_jobqueue_queue_paused", table="task_jobs", queue="newsletters") == 1
+    worker = Worker(engine, jobs, TaskRegistry(), poll_interval=0.05, listen=False)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: _value(prom, "sa_jobqueue_workers_alive", table="task_jobs") == 1, 30, "the live worker")
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    wait_for(lambda: _value(prom, "sa_jobqueue_workers_alive", table="task_jobs") == 0, 30, "the worker withdrawn")

@@ -144,7 +144,7 @@ def test_copy_knows_the_defaults_from_the_mixins_one_definition() -> None:
     assert defaults["created_at"] is NOW
     assert {k for k, v in defaults.items() if v is None} == {
         "locked_at", "locked_by", "lease_expires_at", "lock_token", "last_error", "dedupe_key", "finished_at",
-        "cancel_requested_at", "result", "meta", "dedupe_until",
+        "cancel_requested_at", "result", "meta", "dedupe_until", "progress",
     }
 
 

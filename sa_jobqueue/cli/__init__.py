@@ -10,6 +10,8 @@
     sa-jobqueue retry --all-dead
     sa-jobqueue purge --older-than 7d
     sa-jobqueue health
+    sa-jobqueue queues pause newsletters
+    sa-jobqueue workers
 
 The database URL comes from ``--database-url`` or ``DATABASE_URL``. Every
 command runs in transactions of its own and commits them. Mistakes (a bad
@@ -23,8 +25,8 @@ command classes that keep usage errors to one line), :mod:`.database` (the
 engine and database errors), :mod:`.state` (what the commands share),
 :mod:`.formatting`, and the commands: :mod:`.worker`, :mod:`.jobs`
 (``enqueue``, ``jobs list``, ``jobs show``), :mod:`.maintenance`
-(``retry``, ``cancel``, ``purge``, ``reap``) and :mod:`.health`
-(``stats``, ``health``).
+(``retry``, ``cancel``, ``purge``, ``reap``), :mod:`.health`
+(``stats``, ``health``) and :mod:`.operations` (``queues``, ``workers``).
 
 The core library never imports this package (nor click).
 """
@@ -42,6 +44,7 @@ from .formatting import format_age, parse_duration
 from .health import health_command, stats_command
 from .jobs import enqueue_command, jobs_group
 from .maintenance import cancel_command, purge_command, reap_command, retry_command
+from .operations import queues_group, workers_command
 from .state import CliState, cli_state, repository_for
 from .worker import worker_command
 from .worker_flags import result_line, shutdown_options, shutdown_timeout_option
@@ -74,6 +77,7 @@ def main(ctx: click.Context, database_url: str | None, log_level: str) -> None:
 
 for _command in (
     worker_command, enqueue_command, stats_command, jobs_group,
-    retry_command, cancel_command, purge_command, reap_command, health_command, dashboard_command,
+    retry_command, cancel_command, purge_command, reap_command, health_command, dashboard_command, queues_group,
+    workers_command,
 ):
     main.add_command(_command)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import click
-from sqlalchemy import func, select, text
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 
+from ..control_tables import WORKERS_TABLE
+from ..presence import list_workers
 from ..states import PENDING, STATUSES
 from .database import database_errors, show_url
 from .errors import CliError, OneLineCommand
@@ -56,11 +58,13 @@ def connection_budget(processes: int, concurrency: int) -> tuple[int, int]:
                    "it cannot fit in max_connections.")
 @click.option("--processes", type=click.IntRange(min=1), default=None,
               help="Worker processes of the deployment, for the budget (with --concurrency; default 1).")
+@click.option("--min-workers", type=click.IntRange(min=1), default=None,
+              help="Fail when fewer live worker processes than this serve the table (their presence rows).")
 @model_option
 @click.pass_context
 def health_command(
     ctx: click.Context, max_runnable_age: float | None, concurrency: int | None, processes: int | None,
-    model_path: str,
+    min_workers: int | None, model_path: str,
 ) -> None:
     """Check the database, the job table, and that runnable jobs get taken; exit non-zero when not."""
     if processes is not None and concurrency is None:
@@ -123,9 +127,23 @@ def health_command(
                 f"exceeds the {usable} connections the server allows (max_connections {connections.most} less "
                 f"{connections.reserved} reserved): lower --concurrency, or put PgBouncer in front"
             )
+    serving = _live_workers(engine, t.name)
+    click.echo("workers           " + ("- (no sa_jobqueue_workers table: revision 0007)" if serving is None
+                                      else f"{serving} alive serving {t.name}"))
+    if min_workers is not None and (serving or 0) < min_workers:
+        raise CliError(f"{serving or 0} live worker process(es) serve {qualified}, fewer than --min-workers "
+                       f"{min_workers}")
     limit = None if max_runnable_age is None else timedelta(seconds=max_runnable_age)
     if limit is not None and oldest is not None and oldest > limit:
         raise CliError(
             f"the oldest runnable job in {qualified} has waited {format_age(oldest)}, longer than "
             f"--max-runnable-age {max_runnable_age:g}s: no worker is taking its jobs, or too few are"
         )
+
+
+def _live_workers(engine: Engine, table: str) -> int | None:
+    """How many live workers serve ``table``; None when the presence table does not exist."""
+    with Session(engine) as session, session.begin():
+        if session.execute(text("SELECT to_regclass(:name)"), {"name": WORKERS_TABLE}).scalar_one() is None:
+            return None
+        return sum(1 for worker in list_workers(session, tables=[table]) if worker.alive)

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..dedupe import Dedupe, HeldUntil, OnConflict
+from ..progress import Progress
 from ..states import STATUSES
 from .database import database_errors
 from .errors import CliError, CliUsageError, OneLineCommand, OneLineGroup
@@ -146,6 +147,8 @@ def jobs_show(ctx: click.Context, job_id: int, model_path: str) -> None:
     for key, value in row.items():
         if key == "payload":
             shown = json.dumps(value, ensure_ascii=False)
+        elif key == "progress" and (progress := Progress.from_json(value)) is not None:
+            shown = f"{progress.fraction:.0%} {progress.message}".rstrip()
         elif isinstance(value, datetime):
             shown = value.isoformat()
         else:

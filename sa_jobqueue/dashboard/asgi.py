@@ -97,23 +97,29 @@ def create_app(
             return respond(request, await run_in_threadpool(views.answer, lambda: make(request)))
         return endpoint
 
-    async def confirm(request: Request) -> Response:
-        cookie = cookie_of(request)
-        refused = gate.action(request)
-        if refused is not None:
-            return respond(request, refused)
-        params, token = dict(request.query_params), gate.token(cookie)
-        return respond(request, await run_in_threadpool(views.answer, lambda: views.confirm(params, token)))
+    def confirming(view: Callable[[dict[str, str], str], Rendered]) -> Callable[[Request], Any]:
+        """The GET of a confirmation page: its form carries the browser's CSRF token."""
+        async def confirm(request: Request) -> Response:
+            cookie = cookie_of(request)
+            refused = gate.action(request)
+            if refused is not None:
+                return respond(request, refused)
+            params, token = dict(request.query_params), gate.token(cookie)
+            return respond(request, await run_in_threadpool(views.answer, lambda: view(params, token)))
+        return confirm
 
-    async def act(request: Request) -> Response:
-        given = request.cookies.get(CSRF_COOKIE)
-        cookie_of(request)
-        # The forms are urlencoded; read them without a multipart parser.
-        form = dict(urllib.parse.parse_qsl((await request.body()).decode("utf-8", "replace"), max_num_fields=100))
-        refused = gate.action(request, given, form.pop("csrf", None), posted=True)
-        if refused is not None:
-            return respond(request, refused)
-        return respond(request, await run_in_threadpool(views.answer, lambda: views.act(form)))
+    def acting(view: Callable[[dict[str, str]], Rendered]) -> Callable[[Request], Any]:
+        """The POST a confirmation page sends: runs only with the right CSRF token."""
+        async def act(request: Request) -> Response:
+            given = request.cookies.get(CSRF_COOKIE)
+            cookie_of(request)
+            # The forms are urlencoded; read them without a multipart parser.
+            form = dict(urllib.parse.parse_qsl((await request.body()).decode("utf-8", "replace"), max_num_fields=100))
+            refused = gate.action(request, given, form.pop("csrf", None), posted=True)
+            if refused is not None:
+                return respond(request, refused)
+            return respond(request, await run_in_threadpool(views.answer, lambda: view(form)))
+        return act
 
     async def events(request: Request) -> Response:
         if gate.page(request) is not None:
@@ -145,8 +151,11 @@ def create_app(
         Route("/jobs/{table}/{job_id}", page(lambda request: views.job(
             request.path_params["table"], request.path_params["job_id"]))),
         Route("/periodic", page(lambda request: views.periodic())),
-        Route("/confirm", confirm),
-        Route("/act", act, methods=["POST"]),
+        Route("/workers", page(lambda request: views.workers())),
+        Route("/confirm", confirming(views.confirm)),
+        Route("/act", acting(views.act), methods=["POST"]),
+        Route("/queues/confirm", confirming(views.confirm_queue)),
+        Route("/queues/act", acting(views.queue_act), methods=["POST"]),
         Route("/events", events),
         Route("/static/dashboard.js", static_script),
     ]

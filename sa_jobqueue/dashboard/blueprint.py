@@ -90,19 +90,37 @@ def dashboard_blueprint(
     def periodic() -> Response:
         return page(views.periodic)
 
-    @blueprint.get("/confirm")
-    def confirm() -> Response:
+    @blueprint.get("/workers")
+    def workers() -> Response:
+        return page(views.workers)
+
+    def confirming(view: Callable[[dict[str, str], str], Rendered]) -> Response:
         browser = cookie()
         params = request.args.to_dict()
-        return respond(gate.action(request) or views.answer(lambda: views.confirm(params, gate.token(browser))))
+        return respond(gate.action(request) or views.answer(lambda: view(params, gate.token(browser))))
 
-    @blueprint.post("/act")
-    def act() -> Response:
+    def acting(view: Callable[[dict[str, str]], Rendered]) -> Response:
         given = request.cookies.get(CSRF_COOKIE)
         cookie()
         form = request.form.to_dict()
         refused = gate.action(request, given, form.pop("csrf", None), posted=True)
-        return respond(refused or views.answer(lambda: views.act(form)))
+        return respond(refused or views.answer(lambda: view(form)))
+
+    @blueprint.get("/confirm")
+    def confirm() -> Response:
+        return confirming(views.confirm)
+
+    @blueprint.post("/act")
+    def act() -> Response:
+        return acting(views.act)
+
+    @blueprint.get("/queues/confirm")
+    def confirm_queue() -> Response:
+        return confirming(views.confirm_queue)
+
+    @blueprint.post("/queues/act")
+    def queue_act() -> Response:
+        return acting(views.queue_act)
 
     @blueprint.get("/events")
     def events() -> Response:

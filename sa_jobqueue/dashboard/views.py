@@ -20,10 +20,11 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from ..checks import INT64_MAX
+from ..checks import INT64_MAX, check_name
+from ..errors import InvalidArgumentError
 from ..repository import JobRepository
 from ..states import PRIORITY_MAX, PRIORITY_MIN, STATUSES
-from . import queries
+from . import operations, queries
 from .actions import ACTIONS, apply
 from .filters import FILTER_STATUSES, SCHEDULED, FilterError, JobFilter, parse_filter
 from .health import DEAD_TUPLES_RATIO, OLDEST_RUNNABLE_LIMIT, OLDEST_TRANSACTION_LIMIT, table_health
@@ -97,7 +98,9 @@ class Views:
                               table_health(session, repo.table))
                 for name, repo in self.tables.items()
             ]
-        return self._page("overview.html", "overview", tables=tables, statuses=STATUSES, live_url="/events")
+            paused = operations.paused_of(session, list(self.tables))
+        return self._page("overview.html", "overview", tables=tables, statuses=STATUSES, live_url="/events",
+                          paused=paused or {}, pausing=paused is not None, queue_operations=operations.QUEUE_OPERATIONS)
 
     def jobs(self, params: Mapping[str, str]) -> Rendered:
         """The jobs of one table matching the filter in ``params``, a page of them, newest first."""
@@ -195,6 +198,47 @@ class Views:
             return self.error(400, "Bad filter", str(exc))
         return self._page("done.html", "jobs", action=ACTIONS[action], outcome=outcome,
                           back={"table": name, **wanted.query()})
+
+    def workers(self) -> Rendered:
+        """The worker processes serving the tables: alive first, what each runs and since when."""
+        with self._reading() as session:
+            found = operations.workers_of(session, list(self.tables))
+            now = session.execute(text("SELECT now()")).scalar_one()
+        rows = None if found is None else [(w, operations.running_of(w)) for w in found]
+        return self._page("workers.html", "workers", workers=rows, now=now, live_url="/events")
+
+    def _queue_target(self, params: Mapping[str, str]) -> tuple[str, JobRepository[Any], str, str] | Rendered:
+        """A queue operation's table, repository, operation and queue, or an error page."""
+        name, operation = params.get("table", ""), params.get("operation", "")
+        repo = self.tables.get(name)
+        if repo is None:
+            return self.error(404, "No such table", f"table: {name[:80]!r} is not a job table of this dashboard")
+        if operation not in operations.QUEUE_OPERATIONS:
+            return self.error(400, "No such operation", f"operation: must be pause or resume, got {operation[:40]!r}")
+        try:
+            queue = check_name("queue", params.get("queue", ""))
+        except InvalidArgumentError as exc:
+            return self.error(400, "Bad queue", str(exc)[:300])
+        return name, repo, operation, queue
+
+    def confirm_queue(self, params: Mapping[str, str], token: str) -> Rendered:
+        """The page that asks before pausing or resuming a queue; its form carries ``token``."""
+        target = self._queue_target(params)
+        if isinstance(target, Rendered):
+            return target
+        name, _, operation, queue = target
+        return self._page("confirm_queue.html", "overview", operation=operation,
+                          label=operations.QUEUE_OPERATIONS[operation], table=name, queue=queue, token=token)
+
+    def queue_act(self, params: Mapping[str, str]) -> Rendered:
+        """Pause or resume the queue the confirmation page posted."""
+        target = self._queue_target(params)
+        if isinstance(target, Rendered):
+            return target
+        name, repo, operation, queue = target
+        changed = operations.change_queue(self.engine, repo, operation, queue)
+        return self._page("queue_done.html", "overview", operation=operation, table=name, queue=queue,
+                          changed=changed)
 
 
 __all__ = ["CONFIRM_COUNT_LIMIT", "STATEMENT_TIMEOUT", "Rendered", "TableOverview", "Views"]

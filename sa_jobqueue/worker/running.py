@@ -17,8 +17,6 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ..progress import progress_of
-
 __all__ = ["MAX_DESCRIBED", "RunningJobs"]
 
 # The most running jobs one presence row lists (a worker of a large concurrency
@@ -63,7 +61,6 @@ class RunningJobs:
             entries = sorted(((job, started) for job, started, _ in self._jobs.values()), key=lambda e: e[1])
         described = []
         for job, started in entries[:MAX_DESCRIBED]:
-            progress = progress_of(job)
             described.append({
                 "table": job.__table__.name,
                 "id": job.id,
@@ -71,7 +68,8 @@ class RunningJobs:
                 "queue": job.queue,
                 "attempt": job.attempts,
                 "since": _iso(started),
-                "progress": None if progress is None else progress.as_json(),
+                # As report_progress stored it (checked there): {"fraction", "message"} or None.
+                "progress": getattr(job, "progress", None),
             })
         return described
 
