@@ -1,8 +1,9 @@
 """The dashboard in a real browser: Debian's Chromium, driven by Playwright, against
 ``sa-jobqueue dashboard`` on loopback and a real PostgreSQL (docs/dashboard.md).
 
-The pages render with data, a filter narrows the list, and a page updates by
-itself when a job is enqueued elsewhere. Screenshots of each page go to the
+The pages render with data, a filter narrows the list, a page updates by
+itself when a job is enqueued elsewhere, the Workers page shows a running
+job's progress, and a queue pauses from the overview. Screenshots of each page go to the
 test's directory (and, with ``SAJQ_SCREENSHOTS=DIR``, to DIR: how
 docs/img/dashboard-*.png are made). Skipped, saying why, without Chromium
 (``apt-get install chromium``; .ci/run installs it).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -19,12 +21,12 @@ from typing import Any
 
 import pytest
 from dashboard_server import serving
-from jobapp import Base, ReportJob, emails, jobs, reports
+from jobapp import Base, EmailJob, ReportJob, emails, jobs, reports
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import JobSpec
+from sa_jobqueue import JobSpec, TaskRegistry, Worker, create_control_tables, paused_queues, report_progress
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TIMEOUT_MS = 30_000
@@ -39,6 +41,7 @@ def database(create_database: Callable[[], URL]) -> Iterator[tuple[URL, Engine]]
     url = create_database()
     engine = create_engine(url)
     Base.metadata.create_all(engine)
+    create_control_tables(engine)
     with Session(engine) as session, session.begin():
         jobs.enqueue_many(session, [JobSpec("send_invoice", {"invoice": n}, queue="billing") for n in range(30)])
         jobs.enqueue_many(session, [JobSpec("resize", {"image": n}, queue="media", priority=-1) for n in range(12)])
@@ -166,3 +169,49 @@ def test_an_action_changes_the_database(page: Any, address: str, database: tuple
     expect(page.locator("#outcome")).to_contain_text("1 job(s) changed")
     with Session(database[1]) as session:
         assert session.get(ReportJob, job_id).status == "pending"  # type: ignore[union-attr]
+
+
+def test_the_workers_page_shows_a_running_job_and_a_queue_pauses_from_the_overview(
+    page: Any, address: str, database: tuple[URL, Engine], tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    registry, release = TaskRegistry(), threading.Event()
+
+    @registry.task
+    def export_contacts(job: EmailJob) -> None:
+        report_progress(job, 0.62, "contacts 6,200 of 10,000")
+        release.wait(120)
+
+    with Session(database[1]) as session, session.begin():
+        job_id = emails.enqueue(session, "export_contacts", queue="exports").id
+    worker = Worker(database[1], emails, registry, queues=["exports"], poll_interval=0.05, name="web-1:4242",
+                    heartbeat_interval=timedelta(seconds=0.2), lease=timedelta(seconds=5))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        page.goto(f"http://{address}/workers")
+        # The page refreshes itself every poll interval, which is long here: reload until the beat shows the job.
+        running = page.locator(f'tr[data-job="{job_id}"] td.progress')
+        for _ in range(60):
+            if running.count():
+                break
+            page.wait_for_timeout(500)
+            page.reload()
+        expect(running).to_contain_text("62% contacts 6,200 of 10,000")
+        expect(page.locator('tr[data-worker="web-1:4242"]')).to_contain_text("alive")
+        _shoot(page, tmp_path, "workers")
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(timeout=60)
+    page.goto(f"http://{address}/")
+    row = page.locator('section[data-table="email_jobs"] tr[data-queue="default"]')
+    row.locator('a[data-queue-operation="pause"]').click()
+    expect(page.locator("h1")).to_have_text("Pause queue default of email_jobs?")
+    page.click("#confirm")
+    expect(page.locator("#outcome")).to_contain_text("Paused")
+    page.goto(f"http://{address}/")
+    expect(row.locator('[data-paused="default"]')).to_have_text("paused")
+    with Session(database[1]) as session:
+        assert paused_queues(session) == {"email_jobs": {"default"}}

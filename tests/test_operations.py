@@ -5,6 +5,8 @@ worker processes for what crosses processes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import math
 import os
 import signal
@@ -20,6 +22,7 @@ from jobapp import TaskJob
 from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
+from test_docs import DOCS, python_blocks, section
 from waiting import wait_for
 
 from sa_jobqueue import (
@@ -317,3 +320,28 @@ async def test_the_asyncio_worker_shows_itself_honours_a_pause_and_reports_progr
     worker.stop()
     await asyncio.wait_for(task, 60)
     assert [w for w in _workers(sessions) if w.name == "aio-presence"] == []
+
+
+# -- docs/operations.md's blocks ---------------------------------------------------
+
+
+def test_the_operations_pages_blocks_run(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    """"Pausing a queue" and "Workers: who is alive" run as shown, with a worker alive for the second."""
+    (pausing,) = python_blocks(section(DOCS / "operations.md", "## Pausing a queue"))
+    exec(compile(pausing, "docs/operations.md, pausing", "exec", dont_inherit=True),
+         {"engine": engine, "emails": jobapp.emails})
+    with sessions() as session:
+        assert paused_queues(session) == {}  # paused, checked, resumed
+    (listing,) = python_blocks(section(DOCS / "operations.md", "## Workers: who is alive, and what each runs"))
+    worker = Worker(engine, jobs, TaskRegistry(), poll_interval=0.05, name="docs-worker")
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    printed = io.StringIO()
+    try:
+        wait_for(lambda: any(w.name == "docs-worker" for w in _workers(sessions)), 30, "the worker's presence")
+        with contextlib.redirect_stdout(printed):
+            exec(compile(listing, "docs/operations.md, workers", "exec", dont_inherit=True), {"engine": engine})
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    assert "docs-worker alive ['default'] 0 running" in printed.getvalue()

@@ -17,7 +17,7 @@ PAGE = Path(__file__).resolve().parent.parent / "docs" / "tasks.md"
 
 def test_the_tasks_page_runs(create_database: Callable[[], URL]) -> None:
     blocks = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(encoding="utf-8"), re.S | re.M)
-    assert len(blocks) == 10
+    assert len(blocks) == 11
     engine = create_engine(create_database())
     namespace: dict[str, Any] = {"engine": engine, "__name__": "tasks_page"}
     printed = io.StringIO()
@@ -34,4 +34,5 @@ def test_the_tasks_page_runs(create_database: Callable[[], URL]) -> None:
     assert re.search(r"^total \d+ returned 6$", printed.getvalue(), re.M), printed.getvalue()  # the middleware
     assert re.search(r"^total \d+ took \d+\.\d{3} s$", printed.getvalue(), re.M)
     assert namespace["new_style"].parameters.form == "arguments"
+    assert "exported 1000 rows; last report: Progress(fraction=1.0, message='1000 of 1000 rows')" in printed.getvalue()
     assert namespace["old_style"].parameters.form == "job"
