@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from test_docs import DOCS, python_blocks, section
 
-from sa_jobqueue import JobSpec
+from sa_jobqueue import JobSpec, create_control_tables, paused_queues, resume_queue
 from sa_jobqueue.dashboard.blueprint import dashboard_blueprint
 
 LEASE = timedelta(seconds=60)
@@ -107,3 +107,21 @@ def test_the_flask_example_registers_the_blueprint(database: Engine) -> None:
     namespace: dict[str, Any] = {"app": app, "engine": database, "emails": emails, "reports": jobs}
     exec(compile(block, "docs/dashboard.md", "exec"), namespace)
     assert app.test_client().get("/queue/jobs?table=email_jobs").status_code == 200
+
+
+def test_the_workers_page_and_a_queue_pause_through_the_blueprint(database: Engine) -> None:
+    create_control_tables(database)
+    client = _app(database).test_client()
+    workers = client.get("/queue/workers")
+    assert workers.status_code == 200 and 'id="no-workers"' in workers.text
+    confirmation = client.get("/queue/queues/confirm?table=task_jobs&queue=media&operation=pause")
+    assert confirmation.status_code == 200
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', confirmation.text))
+    assert client.post("/queue/queues/act", data={k: v for k, v in fields.items() if k != "csrf"}).status_code == 403
+    done = client.post("/queue/queues/act", data=fields)
+    assert done.status_code == 200 and "Paused" in done.text
+    with Session(database) as session:
+        assert paused_queues(session) == {"task_jobs": {"media"}}
+        resume_queue(session, jobs, "media")
+        session.commit()
+    assert 'data-queue-operation="pause"' in client.get("/queue/").text
