@@ -97,12 +97,10 @@ class WorkerContext:
             turn = self._turn
         return self.repositories[turn:] + self.repositories[:turn]
 
-    @contextmanager
-    def running_job(self, job: Any) -> Iterator[None]:
-        """The block runs ``job``'s handler (or records its outcome): the job is
-        this thread's current job for logging, and listed as running."""
-        with job_context(job), self.running.running(job):
-            yield
+    def running_job(self, job: Any) -> _RunningJob:
+        """A context manager: the block runs ``job``'s handler (or records its
+        outcome); the job is this thread's current job for logging, and listed as running."""
+        return _RunningJob(job_context(job), self.running.running(job))
 
     def queues_for(self, repo: Any) -> list[str]:
         """The worker's queues of ``repo``'s table that are not paused, in their order."""
@@ -135,3 +133,20 @@ class WorkerContext:
 def claimable(queues: Sequence[str], paused: frozenset[str]) -> list[str]:
     """The queues a worker claims from: its ``queues`` less the ``paused`` ones (possibly none)."""
     return [queue for queue in queues if queue not in paused]
+
+
+class _RunningJob:
+    """Both context managers of :meth:`WorkerContext.running_job` in one (a class: it runs around every job)."""
+
+    __slots__ = ("_logged", "_listed")
+
+    def __init__(self, logged: Any, listed: Any) -> None:
+        self._logged, self._listed = logged, listed
+
+    def __enter__(self) -> None:
+        self._logged.__enter__()
+        self._listed.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._listed.__exit__(*exc)
+        self._logged.__exit__(*exc)

@@ -10,10 +10,7 @@ statement.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -25,53 +22,58 @@ MAX_DESCRIBED = 100
 
 
 class RunningJobs:
-    """Thread-safe: the handlers running in one worker, by job."""
+    """The handlers running in one worker, by job; safe across its threads."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         # id(job) -> [job, wall-clock start, entries]: a job entered again
-        # (its failure recorded in the same context) keeps its start.
+        # (its failure recorded in the same context) keeps its start. No lock:
+        # one job is entered by one thread at a time, and each step is one
+        # dict operation, atomic in CPython; :meth:`described` copies first.
         self._jobs: dict[int, list[Any]] = {}
 
-    @contextmanager
-    def running(self, job: Any) -> Iterator[None]:
-        key = id(job)
-        with self._lock:
-            entry = self._jobs.get(key)
-            if entry is None:
-                self._jobs[key] = [job, time.time(), 1]
-            else:
-                entry[2] += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                entry = self._jobs[key]
-                entry[2] -= 1
-                if not entry[2]:
-                    del self._jobs[key]
+    def running(self, job: Any) -> _Running:
+        """A context manager: ``job``'s handler runs in the block."""
+        return _Running(self._jobs, job)
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._jobs)
+        return len(self._jobs)
 
     def described(self) -> list[dict[str, Any]]:
         """The running jobs, longest running first, as JSON for the presence row."""
-        with self._lock:
-            entries = sorted(((job, started) for job, started, _ in self._jobs.values()), key=lambda e: e[1])
-        described = []
-        for job, started in entries[:MAX_DESCRIBED]:
-            described.append({
-                "table": job.__table__.name,
-                "id": job.id,
-                "task": job.task,
-                "queue": job.queue,
-                "attempt": job.attempts,
-                "since": _iso(started),
-                # As report_progress stored it (checked there): {"fraction", "message"} or None.
-                "progress": getattr(job, "progress", None),
-            })
-        return described
+        entries = sorted(((job, started) for job, started, _ in list(self._jobs.values())), key=lambda e: e[1])
+        return [{
+            "table": job.__table__.name,
+            "id": job.id,
+            "task": job.task,
+            "queue": job.queue,
+            "attempt": job.attempts,
+            "since": _iso(started),
+            # As report_progress stored it (checked there): {"fraction", "message"} or None.
+            "progress": getattr(job, "progress", None),
+        } for job, started in entries[:MAX_DESCRIBED]]
+
+
+class _Running:
+    """One entry of :class:`RunningJobs` for the length of a block (a class: it runs around every job)."""
+
+    __slots__ = ("_jobs", "_job")
+
+    def __init__(self, jobs: dict[int, list[Any]], job: Any) -> None:
+        self._jobs, self._job = jobs, job
+
+    def __enter__(self) -> None:
+        entry = self._jobs.get(id(self._job))
+        if entry is None:
+            self._jobs[id(self._job)] = [self._job, time.time(), 1]
+        else:
+            entry[2] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        key = id(self._job)
+        entry = self._jobs[key]
+        entry[2] -= 1
+        if not entry[2]:
+            del self._jobs[key]
 
 
 def _iso(epoch: float) -> str:
