@@ -127,7 +127,8 @@ def health_command(
                 f"exceeds the {usable} connections the server allows (max_connections {connections.most} less "
                 f"{connections.reserved} reserved): lower --concurrency, or put PgBouncer in front"
             )
-    serving = _live_workers(engine, t.name)
+    with database_errors(engine, WORKERS_TABLE):
+        serving = _live_workers(engine, t.name)
     click.echo("workers           " + ("- (no sa_jobqueue_workers table: revision 0007)" if serving is None
                                       else f"{serving} alive serving {t.name}"))
     if min_workers is not None and (serving or 0) < min_workers:
