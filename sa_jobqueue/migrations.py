@@ -344,10 +344,10 @@ def create_dashboard_indexes(
     table_name: str, *, schema: str | None = None, concurrently: bool | None = None
 ) -> None:
     """Build ``ix_<t>_status_v1`` and ``ix_<t>_finished_v1``, where the dashboard lists and counts jobs by
-    status and queue, and counts the jobs finished per minute (and ``purge`` finds old finished jobs);
+    status and queue, and counts the jobs finished per minute;
     ``concurrently`` as in :func:`upgrade_claim_index`."""
     _replace_index(table_name, schema, concurrently, build=status_index_name, columns=STATUS_INDEX_COLUMNS,
-                   drop=None, where=None)
+                   drop=None, where=states.STATUS_INDEX_PREDICATE)
     _replace_index(table_name, schema, concurrently, build=finished_index_name, columns=FINISHED_INDEX_COLUMNS,
                    drop=None, where=states.FINISHED_PREDICATE)
 

@@ -22,13 +22,14 @@ number of job tables live side by side on one or several ``Base`` classes:
   created_at) WHERE dedupe_key IS NOT NULL AND status = 'done'``, where a
   dedupe window finds the finished jobs of its key (empty on a table that
   deletes finished jobs);
-* ``ix_<table>_status_v1``: ``(status, queue, id)`` over every job, where
-  the dashboard lists the jobs of a status (and queue) newest first and
-  counts them up to a limit, and a confirmation counts what an action
-  would touch;
+* ``ix_<table>_status_v1``: partial index ``(status, queue, id) WHERE
+  status IN ('pending', 'done', 'dead', 'cancelled')``, where the dashboard
+  lists the jobs of a status (and queue) newest first and counts them up
+  to a limit; it leaves the running jobs out (they are few, and the lease
+  index has them), so a claim writes no entry in it;
 * ``ix_<table>_finished_v1``: partial index ``(status, finished_at) WHERE
   status IN ('done', 'dead', 'cancelled')``, where the dashboard counts the
-  jobs finished per minute and ``purge`` finds the old finished ones.
+  jobs finished in each minute.
 
 Names carry a version because Alembic's autogenerate cannot compare a partial
 index predicate: a changed predicate ships under a new name.
@@ -91,6 +92,7 @@ from .states import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     RUNNING,
+    STATUS_INDEX_PREDICATE,
     STATUSES,
     server_default,
     sql_list,
@@ -186,7 +188,11 @@ def job_table_args(table_name: str) -> tuple[Any, ...]:
             *DEDUPE_DONE_INDEX_COLUMNS,
             postgresql_where=text(DEDUPE_DONE_PREDICATE),
         ),
-        Index(conv(status_index_name(table_name)), *STATUS_INDEX_COLUMNS),
+        Index(
+            conv(status_index_name(table_name)),
+            *STATUS_INDEX_COLUMNS,
+            postgresql_where=text(STATUS_INDEX_PREDICATE),
+        ),
         Index(
             conv(finished_index_name(table_name)),
             *FINISHED_INDEX_COLUMNS,

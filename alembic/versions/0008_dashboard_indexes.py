@@ -4,12 +4,14 @@ Revision ID: 0008
 Revises: 0006
 Create Date: 2026-12-03 10:00:00.000000
 
-* ``ix_sa_jobqueue_jobs_status_v1`` on ``(status, queue, id)``, over every
-  job: the dashboard's jobs list of a status (and queue) reads it newest
-  first, its overview and its confirmations count through it, up to a limit.
+* ``ix_sa_jobqueue_jobs_status_v1`` on ``(status, queue, id) WHERE status IN
+  ('pending', 'done', 'dead', 'cancelled')`` (the running jobs are few, and a
+  claim writes no entry in it): the dashboard's jobs list of a status (and
+  queue) reads it newest first, its overview and its confirmations count
+  through it, up to a limit.
 * ``ix_sa_jobqueue_jobs_finished_v1`` on ``(status, finished_at) WHERE
   status IN ('done', 'dead', 'cancelled')``: the overview counts the jobs
-  finished per minute through it, and ``purge`` finds the old finished jobs.
+  finished per minute through it.
 
 Both are built CONCURRENTLY, so workers keep claiming and enqueueing while
 they build; run inside a transaction its caller began, they are built in
