@@ -25,7 +25,9 @@ written by hand:
   blocking the queue, ``CREATE INDEX CONCURRENTLY``, then drop ``_v1``;
   autogenerate writes a plain, blocking create and drop instead;
 * :func:`create_dedupe_done_index` / :func:`drop_dedupe_done_index`: the
-  same for the index of dedupe windows, ``ix_<t>_dedupe_done_v1``.
+  same for the index of dedupe windows, ``ix_<t>_dedupe_done_v1``;
+* :func:`create_dashboard_indexes` / :func:`drop_dashboard_indexes`: the
+  same for the dashboard's ``ix_<t>_status_v1`` and ``ix_<t>_finished_v1``.
 
 Each helper validates its arguments before emitting anything and raises
 :class:`~sa_jobqueue.errors.InvalidArgumentError` naming the bad one: names
@@ -47,20 +49,26 @@ from typing import TypeAlias
 from alembic import op
 
 from . import states
-from .ddl import check_name, check_schema, index_valid, qualified, quote, require_absent, require_table
+from .ddl import check_name, check_schema, qualified, quote, require_absent, require_table
 from .errors import InvalidArgumentError
+from .index_builds import CALLERS_TRANSACTION as CALLERS_TRANSACTION  # sa_jobqueue's env.py imports it here
+from .index_builds import build_index, check_concurrently, drop_index
 from .mixin import (
     CLAIM_INDEX_COLUMNS,
     DEDUPE_DONE_INDEX_COLUMNS,
+    FINISHED_INDEX_COLUMNS,
     MAX_IDENTIFIER_BYTES,
     MAX_TABLE_NAME_BYTES,
+    STATUS_INDEX_COLUMNS,
     claim_index_name,
     claim_index_v1_name,
     dedupe_done_index_name,
     dedupe_index_name,
+    finished_index_name,
     lease_index_name,
     max_attempts_check_name,
     status_check_name,
+    status_index_name,
 )
 
 StorageValue: TypeAlias = int | float | bool | str
@@ -203,8 +211,8 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
 
     * the table (its rows, grants and storage parameters stay);
     * the indexes ``ix_<old>_claim_v2``, ``ix_<old>_lease_v1``,
-      ``uq_<old>_dedupe_v1`` (and ``ix_<old>_dedupe_done_v1`` when it
-      exists) and the checks ``ck_<old>_status_v1``,
+      ``uq_<old>_dedupe_v1`` (and ``ix_<old>_dedupe_done_v1``,
+      ``ix_<old>_status_v1`` and ``ix_<old>_finished_v1`` when they exist) and the checks ``ck_<old>_status_v1``,
       ``ck_<old>_max_attempts_v1`` to their ``<new>`` names; these must exist;
     * the primary key ``<old>_pkey`` and identity sequence ``<old>_id_seq``
       when they carry PostgreSQL's default names (skipped otherwise, e.g.
@@ -247,9 +255,10 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
     # Renaming the index behind a primary key renames the constraint with it.
     op.execute(f"ALTER INDEX IF EXISTS {qualified(old_pkey, schema)} RENAME TO {quote(new_pkey)}")
     op.execute(f"ALTER SEQUENCE IF EXISTS {qualified(old_seq, schema)} RENAME TO {quote(new_seq)}")
-    # Tables made before the dedupe window's index (revision 0006) may not have it yet.
-    op.execute(f"ALTER INDEX IF EXISTS {qualified(dedupe_done_index_name(old), schema)} "
-               f"RENAME TO {quote(dedupe_done_index_name(new))}")
+    # Tables made before the dedupe window's index (revision 0006) or the dashboard's (0008) may lack them.
+    for index_name in (dedupe_done_index_name, status_index_name, finished_index_name):
+        op.execute(f"ALTER INDEX IF EXISTS {qualified(index_name(old), schema)} "
+                   f"RENAME TO {quote(index_name(new))}")
     op.execute(_rename_not_null_constraints(old, new, table))
 
 
@@ -278,12 +287,6 @@ BEGIN
 END
 $$"""
 
-
-CALLERS_TRANSACTION = "sa_jobqueue_callers_transaction"
-"""The ``context.configure`` option by which an ``env.py`` says that the
-migrations run inside a transaction its caller began (a connection handed over
-in ``config.attributes["connection"]`` after ``begin()``). sa_jobqueue's own
-``env.py`` sets it; the index helpers then build in that transaction."""
 
 V1_CLAIM_INDEX_COLUMNS = ("priority", "run_at", "id")
 
@@ -334,64 +337,47 @@ def drop_dedupe_done_index(
     table_name: str, *, schema: str | None = None, concurrently: bool | None = None
 ) -> None:
     """The reverse of :func:`create_dedupe_done_index`."""
+    _drop(table_name, schema, concurrently, dedupe_done_index_name)
+
+
+def create_dashboard_indexes(
+    table_name: str, *, schema: str | None = None, concurrently: bool | None = None
+) -> None:
+    """Build ``ix_<t>_status_v1`` and ``ix_<t>_finished_v1``, where the dashboard lists and counts jobs by
+    status and queue, and counts the jobs finished per minute;
+    ``concurrently`` as in :func:`upgrade_claim_index`."""
+    _replace_index(table_name, schema, concurrently, build=status_index_name, columns=STATUS_INDEX_COLUMNS,
+                   drop=None, where=states.STATUS_INDEX_PREDICATE)
+    _replace_index(table_name, schema, concurrently, build=finished_index_name, columns=FINISHED_INDEX_COLUMNS,
+                   drop=None, where=states.FINISHED_PREDICATE)
+
+
+def drop_dashboard_indexes(
+    table_name: str, *, schema: str | None = None, concurrently: bool | None = None
+) -> None:
+    """The reverse of :func:`create_dashboard_indexes`."""
+    _drop(table_name, schema, concurrently, finished_index_name, status_index_name)
+
+
+def _drop(table_name: object, schema: object, concurrently: object, *names: Callable[[str], str]) -> None:
     table = check_name("table_name", table_name)
     checked_schema = check_schema(schema)
-    how = " CONCURRENTLY" if _check_concurrently(concurrently) else ""
+    concurrent = check_concurrently(concurrently)
     require_table("table_name", table, checked_schema)
-    statement = f"DROP INDEX{how} IF EXISTS {qualified(dedupe_done_index_name(table), checked_schema)}"
-    if how:
-        with op.get_context().autocommit_block():
-            op.execute(statement)
-    else:
-        op.execute(statement)
-
-
-def _check_concurrently(concurrently: object) -> bool:
-    """``concurrently`` as given, or when None: unless the caller's transaction holds the revision."""
-    if concurrently is None:
-        return not op.get_context().opts.get(CALLERS_TRANSACTION, False)
-    if not isinstance(concurrently, bool):
-        raise InvalidArgumentError("concurrently", f"expected True, False or None, got {concurrently!r}")
-    return concurrently
+    for name in names:
+        drop_index(name(table), checked_schema, concurrent)
 
 
 def _replace_index(
     table_name: object, schema: object, concurrently: object, *,
     build: Callable[[str], str], columns: tuple[str, ...], drop: Callable[[str], str] | None,
-    where: str = states.CLAIM_PREDICATE,
+    where: str | None = states.CLAIM_PREDICATE,
 ) -> None:
-    """Build index ``build(table)`` on ``columns`` (``where``, the claim predicate unless given),
-    then drop ``drop(table)`` unless None; every argument checked before anything runs."""
+    """Build index ``build(table)`` on ``columns`` (``where``, the claim predicate unless given; None: over
+    every row), then drop ``drop(table)`` unless None; every argument checked before anything runs."""
     table = check_name("table_name", table_name)
     checked_schema = check_schema(schema)
-    concurrent = _check_concurrently(concurrently)
+    concurrent = check_concurrently(concurrently)
     require_table("table_name", table, checked_schema)
-    _build_then_drop(table, checked_schema, concurrent, build=build(table), columns=columns,
-                     drop=None if drop is None else drop(table), where=where)
-
-
-def _build_then_drop(
-    table: str, schema: str | None, concurrently: bool, *, build: str, columns: tuple[str, ...], drop: str | None,
-    where: str,
-) -> None:
-    context = op.get_context()
-    how = " CONCURRENTLY" if concurrently else ""
-    create = (
-        f"CREATE INDEX{how} {quote(build)} ON {qualified(table, schema)} "
-        f"({', '.join(quote(c) for c in columns)}) WHERE {where}"
-    )
-
-    def run() -> None:
-        valid = index_valid(build, schema)
-        if valid is False:  # left INVALID by a failed concurrent build
-            op.execute(f"DROP INDEX{how} {qualified(build, schema)}")
-        if valid is not True:
-            op.execute(create)
-        if drop is not None:
-            op.execute(f"DROP INDEX{how} IF EXISTS {qualified(drop, schema)}")
-
-    if concurrently:
-        with context.autocommit_block():
-            run()
-    else:
-        run()
+    build_index(table, checked_schema, concurrent, build=build(table), columns=columns, where=where,
+                drop=None if drop is None else drop(table))

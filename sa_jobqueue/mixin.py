@@ -21,7 +21,15 @@ number of job tables live side by side on one or several ``Base`` classes:
 * ``ix_<table>_dedupe_done_v1``: partial index ``(queue, dedupe_key,
   created_at) WHERE dedupe_key IS NOT NULL AND status = 'done'``, where a
   dedupe window finds the finished jobs of its key (empty on a table that
-  deletes finished jobs).
+  deletes finished jobs);
+* ``ix_<table>_status_v1``: partial index ``(status, queue, id) WHERE
+  status IN ('pending', 'done', 'dead', 'cancelled')``, where the dashboard
+  lists the jobs of a status (and queue) newest first and counts them up
+  to a limit; it leaves the running jobs out (they are few, and the lease
+  index has them), so a claim writes no entry in it;
+* ``ix_<table>_finished_v1``: partial index ``(status, finished_at) WHERE
+  status IN ('done', 'dead', 'cancelled')``, where the dashboard counts the
+  jobs finished in each minute.
 
 Names carry a version because Alembic's autogenerate cannot compare a partial
 index predicate: a changed predicate ships under a new name.
@@ -75,6 +83,7 @@ from .states import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
     DONE,
+    FINISHED_PREDICATE,
     LEASE_PREDICATE,
     LIVE_STATUSES,
     NAME_LENGTH,
@@ -83,6 +92,7 @@ from .states import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     RUNNING,
+    STATUS_INDEX_PREDICATE,
     STATUSES,
     server_default,
     sql_list,
@@ -101,6 +111,8 @@ def claim_index_v1_name(table_name: str) -> str:
 
 CLAIM_INDEX_COLUMNS = ("queue", "priority", "run_at", "id")
 DEDUPE_DONE_INDEX_COLUMNS = ("queue", "dedupe_key", "created_at")
+STATUS_INDEX_COLUMNS = ("status", "queue", "id")
+FINISHED_INDEX_COLUMNS = ("status", "finished_at")
 
 
 def lease_index_name(table_name: str) -> str:
@@ -113,6 +125,14 @@ def dedupe_index_name(table_name: str) -> str:
 
 def dedupe_done_index_name(table_name: str) -> str:
     return f"ix_{table_name}_dedupe_done_v1"
+
+
+def status_index_name(table_name: str) -> str:
+    return f"ix_{table_name}_status_v1"
+
+
+def finished_index_name(table_name: str) -> str:
+    return f"ix_{table_name}_finished_v1"
 
 
 def status_check_name(table_name: str) -> str:
@@ -167,6 +187,16 @@ def job_table_args(table_name: str) -> tuple[Any, ...]:
             conv(dedupe_done_index_name(table_name)),
             *DEDUPE_DONE_INDEX_COLUMNS,
             postgresql_where=text(DEDUPE_DONE_PREDICATE),
+        ),
+        Index(
+            conv(status_index_name(table_name)),
+            *STATUS_INDEX_COLUMNS,
+            postgresql_where=text(STATUS_INDEX_PREDICATE),
+        ),
+        Index(
+            conv(finished_index_name(table_name)),
+            *FINISHED_INDEX_COLUMNS,
+            postgresql_where=text(FINISHED_PREDICATE),
         ),
     )
 
@@ -277,6 +307,8 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_QUEUE",
     "DONE",
+    "FINISHED_INDEX_COLUMNS",
+    "FINISHED_PREDICATE",
     "JobMixin",
     "LEASE_PREDICATE",
     "LIVE_STATUSES",
@@ -289,14 +321,17 @@ __all__ = [
     "PRIORITY_MIN",
     "RUNNING",
     "STATUSES",
+    "STATUS_INDEX_COLUMNS",
     "claim_index_name",
     "claim_index_v1_name",
     "dedupe_done_index_name",
     "dedupe_index_name",
+    "finished_index_name",
     "job_table",
     "job_table_args",
     "lease_index_name",
     "max_attempts_check_name",
     "server_default",
     "status_check_name",
+    "status_index_name",
 ]

@@ -192,6 +192,17 @@ def assert_job_objects(url: URL, table: str) -> None:
         "((status)::text = ANY ((ARRAY['pending'::character varying, "
         "'running'::character varying])::text[])))"
     )
+    # The dashboard's (revision 0008).
+    assert found[f"ix_{table}_status_v1"] == (
+        f"CREATE INDEX ix_{table}_status_v1 ON public.{table} USING btree (status, queue, id) "
+        "WHERE ((status)::text = ANY ((ARRAY['pending'::character varying, 'done'::character varying, "
+        "'dead'::character varying, 'cancelled'::character varying])::text[]))"
+    )
+    assert found[f"ix_{table}_finished_v1"] == (
+        f"CREATE INDEX ix_{table}_finished_v1 ON public.{table} USING btree (status, finished_at) "
+        "WHERE ((status)::text = ANY ((ARRAY['done'::character varying, 'dead'::character varying, "
+        "'cancelled'::character varying])::text[]))"
+    )
     checks = constraints(url, table)
     assert checks[f"ck_{table}_max_attempts_v1"] == "CHECK ((max_attempts >= 1))"
     status_check = checks[f"ck_{table}_status_v1"]
@@ -217,7 +228,7 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     assert {DEFAULT_TABLE, "sa_jobqueue_alembic_version"} <= tables(url)
     assert_job_objects(url, DEFAULT_TABLE)
     assert reloptions(url, DEFAULT_TABLE) == expected_reloptions(dict(QUEUE_STORAGE))
-    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0007",)]
+    assert query(url, "SELECT version_num FROM sa_jobqueue_alembic_version") == [("0008",)]
     # The application's history and tables are left alone.
     assert query(url, "SELECT version_num FROM alembic_version") == [("app_rev_42",)]
     # The schema the revisions build is the schema the model declares.
@@ -328,6 +339,27 @@ def test_revision_0003_keeps_stored_limits_and_its_downgrade_stores_20_in_unset_
 
     alembic_cli("downgrade", "0002", cwd=REPO, database_url=url)
     assert query(url, by_task) == [("old", 20), ("old-3", 3), ("new", 20), ("new-5", 5)]
+    assert snapshot(url, [DEFAULT_TABLE]) == previous
+
+
+def test_revision_0008_builds_the_dashboards_indexes_on_a_table_with_jobs(
+    create_database: Callable[[], URL]
+) -> None:
+    """0008 builds ``ix_<t>_status_v1`` and ``ix_<t>_finished_v1`` CONCURRENTLY on a table that has jobs
+    (valid, and used by the dashboard's queries); its downgrade (to 0007) drops them and nothing else."""
+    url = create_database()
+    alembic_cli("upgrade", "0007", cwd=REPO, database_url=url)
+    previous = snapshot(url, [DEFAULT_TABLE])
+    execute(url, f"INSERT INTO {DEFAULT_TABLE} (task, status, finished_at) "
+                 "SELECT 'old', CASE WHEN n % 2 = 0 THEN 'dead' ELSE 'pending' END, "
+                 "CASE WHEN n % 2 = 0 THEN now() END FROM generate_series(1, 1000) AS n")
+    alembic_cli("upgrade", "head", cwd=REPO, database_url=url)
+    assert_job_objects(url, DEFAULT_TABLE)
+    valid = query(url, "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                       "WHERE c.relname LIKE :like", like=f"ix_{DEFAULT_TABLE}_%_v1")
+    assert {(f"ix_{DEFAULT_TABLE}_finished_v1", True), (f"ix_{DEFAULT_TABLE}_status_v1", True)} <= set(valid)
+    assert_no_drift(REPO, url)
+    alembic_cli("downgrade", "0007", cwd=REPO, database_url=url)
     assert snapshot(url, [DEFAULT_TABLE]) == previous
 
 
@@ -546,6 +578,8 @@ def test_user_environment_autogenerate_upgrade_rename(
         assert f"op.create_index(op.f('uq_{table}_dedupe_v1'), '{table}', " in source
         assert (f"op.create_index(op.f('ix_{table}_dedupe_done_v1'), '{table}', "
                 "['queue', 'dedupe_key', 'created_at']") in source
+        assert f"op.create_index(op.f('ix_{table}_status_v1'), '{table}', ['status', 'queue', 'id']" in source
+        assert f"op.create_index(op.f('ix_{table}_finished_v1'), '{table}', ['status', 'finished_at']" in source
         assert f"name=op.f('ck_{table}_status_v1')" in source
         assert f"name=op.f('ck_{table}_max_attempts_v1')" in source
     assert (
@@ -590,6 +624,8 @@ def test_user_environment_autogenerate_upgrade_rename(
         "ix_invoice_jobs_lease_v1",
         "uq_invoice_jobs_dedupe_v1",
         "ix_invoice_jobs_dedupe_done_v1",  # renamed too
+        "ix_invoice_jobs_status_v1",
+        "ix_invoice_jobs_finished_v1",
     }
     renamed_constraints = set(constraints(url, "invoice_jobs"))
     # PostgreSQL 18+ also lists NOT NULL constraints, named <table>_<column>_not_null.
@@ -672,6 +708,9 @@ def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the
     assert "cancel_requested_at" not in previous and "server_default=sa.text('20')" in previous
     # Nor the index of dedupe windows (each of its create and drop is one line of the revision).
     previous = "".join(line for line in previous.splitlines(keepends=True) if "_dedupe_done_v1" not in line)
+    # Nor the dashboard's indexes (revision 0008).
+    previous = "".join(line for line in previous.splitlines(keepends=True)
+                       if not re.search(r"'ix_\w+_(status|finished)_v1'", line))
     assert "'result'" not in previous and "'meta'" not in previous and "'dedupe_until'" not in previous
     assert "'progress'" not in previous
     first.write_text(previous)
@@ -700,6 +739,9 @@ def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the
         assert (f"op.add_column('{table}', sa.Column('progress', sa.JSON().with_variant(postgresql.JSONB("
                 "astext_type=sa.Text()), 'postgresql'), nullable=True))") in source
         assert f"op.drop_index(op.f('ix_{table}_dedupe_done_v1')" in source
+        for index in ("status", "finished"):
+            assert f"op.create_index(op.f('ix_{table}_{index}_v1'), '{table}', " in source
+            assert f"op.drop_index(op.f('ix_{table}_{index}_v1')" in source
         # max_attempts: nullable now; the server default's drop is left to the
         # user (autogenerate compares defaults only with compare_server_default).
         assert (

@@ -4,85 +4,31 @@ Every function takes a :class:`~sqlalchemy.orm.Session` whose transaction the
 caller owns (the web layers open a read-only one per request) and a
 :class:`~sa_jobqueue.JobRepository`; none writes, and none takes a lock a
 worker could wait on (plain ``SELECT``s take only ``ACCESS SHARE``). The jobs
-list pages by keyset (``id < before``, newest first), never ``OFFSET``.
+list pages by keyset (``id < before``, newest first), never ``OFFSET``; a
+filter on status (and queue) reads ``ix_<t>_status_v1`` in that order. The
+overview's counts and throughput are :mod:`sa_jobqueue.dashboard.counts`'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, Table, and_, bindparam, cast, func, literal_column, select, text, true
+from sqlalchemy import String, Table, and_, bindparam, cast, func, literal_column, select, true
 from sqlalchemy.dialects.postgresql import JSONPATH
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from ..mixin import JobMixin
 from ..repository import JobRepository
-from ..states import DEAD, DONE, PENDING, STATUSES
+from ..states import PENDING
 from .filters import PAGE_SIZE, SCHEDULED, FilterError, JobFilter
-
-# Throughput covers the last hour, a bar a minute.
-THROUGHPUT_MINUTES = 60
-
-
-@dataclass(frozen=True)
-class QueueCounts:
-    """One queue of a table: jobs per status (every status, zero included) and the
-    age of its oldest runnable job (None when none is runnable)."""
-
-    queue: str
-    counts: dict[str, int]
-    oldest_runnable_age: timedelta | None
-
-
-@dataclass(frozen=True)
-class Minute:
-    """Jobs finished in one minute: ``done`` and ``dead``."""
-
-    start: datetime
-    done: int
-    dead: int
 
 
 def user_columns(repository: JobRepository[Any]) -> frozenset[str]:
     """The columns of the repository's table that are the application's own (not the mixin's)."""
     job_columns = {name for name in JobMixin.__annotations__ if not name.startswith("__")}
     return frozenset(c.key for c in repository.table.columns if c.key not in job_columns)
-
-
-def queue_counts(session: Session, repository: JobRepository[Any]) -> list[QueueCounts]:
-    """Per queue, in name order: jobs per status and the oldest runnable job's age."""
-    by_queue: dict[str, dict[str, int]] = {}
-    ages: dict[str, timedelta | None] = {}
-    for s in repository.stats(session):
-        by_queue.setdefault(s.queue, dict.fromkeys(STATUSES, 0))[s.status] = s.count
-        if s.status == PENDING:
-            ages[s.queue] = s.oldest_runnable_age
-    return [QueueCounts(q, by_queue[q], ages.get(q)) for q in sorted(by_queue)]
-
-
-def throughput(session: Session, repository: JobRepository[Any]) -> list[Minute] | None:
-    """Jobs finished ``done`` and ``dead`` per minute over the last hour, oldest first
-    (every minute, zero included); None on a table that deletes finished jobs, which
-    keeps no record of them (their counts are Prometheus's, see docs/operations.md)."""
-    if not repository.keep_done:
-        return None
-    t: Table = repository.table
-    minute = func.date_trunc("minute", t.c.finished_at)
-    rows = session.execute(
-        select(minute.label("minute"), t.c.status, func.count())
-        .where(t.c.status.in_((DONE, DEAD)), t.c.finished_at > func.now() - text("interval '1 hour'"))
-        .group_by(minute, t.c.status)
-    ).all()
-    now = session.execute(select(func.date_trunc("minute", func.now()))).scalar_one()
-    done: dict[datetime, int] = {}
-    dead: dict[datetime, int] = {}
-    for start, status, count in rows:
-        (done if status == DONE else dead)[start] = int(count)
-    starts = [now - timedelta(minutes=n) for n in range(THROUGHPUT_MINUTES - 1, -1, -1)]
-    return [Minute(start, done.get(start, 0), dead.get(start, 0)) for start in starts]
 
 
 @dataclass(frozen=True)
@@ -168,6 +114,5 @@ def job_detail(session: Session, repository: JobRepository[Any], job_id: int) ->
 
 
 __all__ = [
-    "Minute", "Page", "QueueCounts", "check_path", "conditions", "job_detail", "jobs_page", "matching_ids",
-    "queue_counts", "throughput", "user_columns",
+    "Page", "check_path", "conditions", "job_detail", "jobs_page", "matching_ids", "user_columns",
 ]

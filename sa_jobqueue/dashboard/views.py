@@ -24,7 +24,7 @@ from ..checks import INT64_MAX, check_name
 from ..errors import InvalidArgumentError
 from ..repository import JobRepository
 from ..states import PRIORITY_MAX, PRIORITY_MIN, STATUSES
-from . import operations, queries
+from . import counts, operations, queries
 from .actions import ACTIONS, apply
 from .filters import FILTER_STATUSES, SCHEDULED, FilterError, JobFilter, parse_filter
 from .health import DEAD_TUPLES_RATIO, OLDEST_RUNNABLE_LIMIT, OLDEST_TRANSACTION_LIMIT, table_health
@@ -32,7 +32,7 @@ from .page import Rendered
 from .schedules import schedules
 
 # The confirmation page counts matching jobs up to this many (counting a million rows is a scan).
-CONFIRM_COUNT_LIMIT = 10_000
+CONFIRM_COUNT_LIMIT = counts.COUNT_LIMIT
 # A page's statements give up after this: a dashboard must not load the queue's database.
 STATEMENT_TIMEOUT = timedelta(seconds=5)
 
@@ -42,8 +42,8 @@ class TableOverview:
     """One table on the overview."""
 
     name: str
-    queues: list[queries.QueueCounts]
-    throughput: list[queries.Minute] | None
+    queues: list[counts.QueueCounts]
+    throughput: list[counts.Minute] | None
     health: Any
 
 
@@ -77,6 +77,9 @@ class Views:
         with Session(self.engine) as session, session.begin():
             session.execute(text("SET TRANSACTION READ ONLY"))
             session.execute(text(f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT.total_seconds() * 1000)}"))
+            # A page's statements are short; compiling one (its plan's cost can pass jit_above_cost on a big
+            # table: the throughput's sixty range counts) costs more than it saves.
+            session.execute(text("SET LOCAL jit = off"))
             yield session
             session.rollback()  # it wrote nothing; ending it so is the cheapest
 
@@ -94,7 +97,7 @@ class Views:
         """Per table and queue: counts by status, throughput over the last hour, and the table's health."""
         with self._reading() as session:
             tables = [
-                TableOverview(name, queries.queue_counts(session, repo), queries.throughput(session, repo),
+                TableOverview(name, counts.queue_counts(session, repo), counts.throughput(session, repo),
                               table_health(session, repo.table))
                 for name, repo in self.tables.items()
             ]
@@ -171,10 +174,10 @@ class Views:
         name, repo, action, wanted = target
         try:
             with self._reading() as session:
-                count = len(queries.matching_ids(session, repo, wanted, CONFIRM_COUNT_LIMIT + 1))
+                count = counts.count_matching(session, repo, wanted, CONFIRM_COUNT_LIMIT)
         except FilterError as exc:
             return self.error(400, "Bad filter", str(exc))
-        shown = f"more than {CONFIRM_COUNT_LIMIT:,}" if count > CONFIRM_COUNT_LIMIT else f"{count:,}"
+        shown = counts.shown(count, CONFIRM_COUNT_LIMIT)
         fields = {"table": name, "action": action, **wanted.query()}
         return self._page("confirm.html", "jobs", action=ACTIONS[action], action_name=action, count=shown,
                           fields=fields, token=token, back={"table": name, **wanted.query()})
