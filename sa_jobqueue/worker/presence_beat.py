@@ -64,7 +64,7 @@ class PresenceBeat:
         except Exception as exc:
             if not self._failing:
                 log.warning("worker %s: cannot write its presence (%s); is the table sa_jobqueue_workers "
-                            "created (revision 0007, see docs/operations.md)? Jobs run as before",
+                            "created (revision 0007, or sa_jobqueue.create_control_tables)? Jobs run as before",
                             ctx.name, _first_line(exc))
             self._failing = True
             return False
@@ -106,7 +106,8 @@ class PauseWatch:
             # read fails the claims too.
             if not self._failing:
                 log.warning("worker %s: cannot read the paused queues (%s); is the table "
-                            "sa_jobqueue_paused_queues created (revision 0007)?", ctx.name, _first_line(exc))
+                            "sa_jobqueue_paused_queues created (revision 0007, or "
+                            "sa_jobqueue.create_control_tables)?", ctx.name, _first_line(exc))
             self._failing = True
             return False
         self._failing = False
