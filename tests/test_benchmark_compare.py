@@ -6,6 +6,8 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 
 def _compare() -> ModuleType:
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "compare.py"
@@ -28,3 +30,12 @@ def test_a_report_of_asyncio_drains() -> None:
     rounds = [({"drain-async-a-psycopg-4": [100.0]}, {"drain-async-a-psycopg-4": [95.0]})]
     text = compare.report("before", "after", rounds, 0.10, [])
     assert "| drain async a psycopg, C=4 | 100.0 | 95.0 | 0.95 | 0.95 to 0.95 | ok |" in text
+
+
+def test_an_odd_number_of_rounds_is_refused_before_anything_runs() -> None:
+    """Each revision must go first in half of the rounds (see the module's docstring)."""
+    compare = _compare()
+    for rounds in ("3", "1", "0"):
+        with pytest.raises(SystemExit) as info:
+            compare.main(["main", "HEAD", "--rounds", rounds])
+        assert info.value.code == 2
