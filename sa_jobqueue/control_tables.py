@@ -9,6 +9,9 @@ Alembic revision 0007 (or :func:`create_control_tables`):
 * ``sa_jobqueue_paused_queues``: one row per paused queue of a job table
   (:mod:`sa_jobqueue.pausing`); workers stop claiming from it within one poll
   interval.
+* ``sa_jobqueue_throughput``: per job table, queue and minute, the jobs that
+  workers completed and the attempts that failed, added by each worker's
+  presence beat (:mod:`sa_jobqueue.throughput`); the dashboard's chart.
 
 Neither is on a job's path: a worker that cannot write or read them (the
 revision was not run yet) logs it once and runs its jobs as before, with no
@@ -28,10 +31,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from .errors import InvalidArgumentError
 from .states import NAME_LENGTH
 
-__all__ = ["ControlBase", "PAUSED", "PAUSED_TABLE", "WORKERS", "WORKERS_TABLE", "create_control_tables"]
+__all__ = [
+    "THROUGHPUT", "THROUGHPUT_TABLE", "ControlBase", "PAUSED", "PAUSED_TABLE", "WORKERS", "WORKERS_TABLE",
+    "create_control_tables",
+]
 
 WORKERS_TABLE = "sa_jobqueue_workers"
 PAUSED_TABLE = "sa_jobqueue_paused_queues"
+THROUGHPUT_TABLE = "sa_jobqueue_throughput"
 
 
 class ControlBase(DeclarativeBase):
@@ -72,12 +79,25 @@ class PausedQueue(ControlBase):
     paused_by: Mapped[str | None] = mapped_column(String(255))
 
 
+class ThroughputRow(ControlBase):
+    """Jobs of one queue of a job table that workers finished in one minute."""
+
+    __tablename__ = THROUGHPUT_TABLE
+
+    job_table: Mapped[str] = mapped_column(String(63), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    minute: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    completed: Mapped[int] = mapped_column(Integer)
+    failed: Mapped[int] = mapped_column(Integer)  # attempts that failed: retried, dead or timed out
+
+
 WORKERS = cast(Table, WorkerRow.__table__)
+THROUGHPUT = cast(Table, ThroughputRow.__table__)
 PAUSED = cast(Table, PausedQueue.__table__)
 
 
 def create_control_tables(bind: Engine | Connection) -> None:
-    """Create ``sa_jobqueue_workers`` and ``sa_jobqueue_paused_queues`` unless they exist
+    """Create ``sa_jobqueue_workers``, ``sa_jobqueue_paused_queues`` and ``sa_jobqueue_throughput`` unless they exist
     (the Alembic revision 0007 does the same)."""
     if not isinstance(bind, (Engine, Connection)):
         raise InvalidArgumentError("bind", "must be an Engine or a Connection")

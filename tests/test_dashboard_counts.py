@@ -27,6 +27,8 @@ def big(module_database: tuple[URL, Engine]) -> Iterator[Engine]:
     runnable one 10 minutes late, a future one older than it at a higher priority) and a running one."""
     _, engine = module_database
     with engine.begin() as conn:
+        # No worker counts here: the overview counts a kept table's finished jobs through its index instead.
+        conn.execute(text("DROP TABLE IF EXISTS sa_jobqueue_throughput"))
         conn.execute(text(
             f"INSERT INTO {TABLE} (queue, task, status, attempts, finished_at) "
             "SELECT 'bulk', 'monthly', 'done', 1, now() FROM generate_series(1, :n)"), {"n": COUNT_LIMIT + 3})
@@ -72,7 +74,7 @@ def test_the_overview_page_shows_a_capped_count_as_10000_plus(big: Engine) -> No
     rendered = Views(big, [reports]).overview()
     html = environment().get_template(rendered.template).render({**rendered.context, "base": ""})
     assert 'data-status="done"><a href="/jobs?table=report_jobs&amp;queue=bulk&amp;status=done">10,000+</a>' in html
-    assert f"{COUNT_LIMIT + 3} done, 2 dead in the last hour" in html  # throughput is exact
+    assert f"{COUNT_LIMIT + 3} done, 2 failed in the last hour" in html  # no worker counts: the exact fallback
     assert isinstance(rendered.context["tables"][0].queues[0], QueueCounts)
 
 

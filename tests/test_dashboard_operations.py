@@ -149,5 +149,6 @@ def test_without_the_operations_tables_the_pages_say_so(create_database: Callabl
             assert status == 200 and "no <code>sa_jobqueue_workers</code> table" in html
             status, html = get(address, "/")
             assert status == 200 and "data-queue-operation" not in html
+            assert "no <code>sa_jobqueue_throughput</code> table" in html  # task_jobs deletes finished jobs
     finally:
         engine.dispose()

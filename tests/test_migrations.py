@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from alembic import command
 from sa_jobqueue import InvalidArgumentError, JobRepository
-from sa_jobqueue.control_tables import PAUSED_TABLE, WORKERS_TABLE, ControlBase
+from sa_jobqueue.control_tables import PAUSED_TABLE, THROUGHPUT_TABLE, WORKERS_TABLE, ControlBase
 from sa_jobqueue.default import Base as DefaultBase
 from sa_jobqueue.default import Job
 from sa_jobqueue.migrations import QUEUE_STORAGE, queue_storage
@@ -238,8 +238,8 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     periodic_reference = reference_snapshot(create_database, PeriodicBase.metadata, [PERIODIC_TABLE])
     assert snapshot(url, [PERIODIC_TABLE]) == periodic_reference
     # Revision 0007: the operations tables, as their models declare them.
-    control_reference = reference_snapshot(create_database, ControlBase.metadata, [WORKERS_TABLE, PAUSED_TABLE])
-    assert snapshot(url, [WORKERS_TABLE, PAUSED_TABLE]) == control_reference
+    control = [WORKERS_TABLE, PAUSED_TABLE, THROUGHPUT_TABLE]
+    assert snapshot(url, control) == reference_snapshot(create_database, ControlBase.metadata, control)
     ids = query(url, "SELECT is_identity FROM information_schema.columns "
                 "WHERE table_name = :t AND column_name = 'id'", t=DEFAULT_TABLE)
     assert ids == [("YES",)]
@@ -251,7 +251,7 @@ def test_project_revisions_upgrade_check_downgrade(create_database: Callable[[],
     assert_no_drift(REPO, url)
 
     alembic_cli("downgrade", "0006", cwd=REPO, database_url=url)
-    assert not {WORKERS_TABLE, PAUSED_TABLE} & tables(url)
+    assert not {WORKERS_TABLE, PAUSED_TABLE, THROUGHPUT_TABLE} & tables(url)
     assert "progress" not in {c[0] for c in columns(url, DEFAULT_TABLE)}
     alembic_cli("downgrade", "0003", cwd=REPO, database_url=url)
     assert set(indexes(url, DEFAULT_TABLE)) >= {f"ix_{DEFAULT_TABLE}_claim_v1"}

@@ -345,3 +345,53 @@ def test_the_operations_pages_blocks_run(engine: Engine, sessions: sessionmaker[
         worker.stop()
         thread.join(timeout=60)
     assert "docs-worker alive ['default'] 0 running" in printed.getvalue()
+
+
+# -- throughput ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["lease", "transaction"])
+def test_the_workers_count_what_they_finished_per_minute_for_the_overview(
+    engine: Engine, sessions: sessionmaker[Session], mode: str
+) -> None:
+    from sa_jobqueue import RetryPolicy
+    from sa_jobqueue.throughput import per_minute
+
+    registry = TaskRegistry()
+
+    @registry.task
+    def fine(job: TaskJob) -> None:
+        pass
+
+    @registry.task(retry=RetryPolicy(base=timedelta(0), max_delay=timedelta(0), jitter=0), max_attempts=2)
+    def fails_once(job: TaskJob) -> None:
+        if job.attempts == 1:
+            raise RuntimeError("first attempt")
+
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("fine") for _ in range(3)] + [JobSpec("fine", queue="other")])
+        jobs.enqueue(session, "fails_once")
+    worker = Worker(engine, jobs, registry, mode=mode, queues=["default", "other"], poll_interval=0.05,
+                    listen=False)
+    result = worker.run(until_empty=True)
+    assert (result.completed, result.retried) == (5, 1)
+    with sessions() as session:  # the stop wrote its last counts
+        minutes = per_minute(session, "task_jobs")
+        by_queue = dict(session.execute(text(
+            "SELECT queue, sum(completed) || '/' || sum(failed) FROM sa_jobqueue_throughput GROUP BY queue")).all())
+    assert len(minutes) == 60 and minutes[-1].start > minutes[0].start
+    assert (sum(m.done for m in minutes), sum(m.failed for m in minutes)) == (5, 1)
+    assert by_queue == {"default": "4/1", "other": "1/0"}
+
+
+def test_counts_a_beat_could_not_write_are_written_by_a_later_one() -> None:
+    from sa_jobqueue.worker.books import Books
+
+    books = Books()
+    job = TaskJob(id=1, queue="q", task="t", attempts=1)
+    books.tally(job, "completed")
+    taken = books.take_tally()
+    assert taken == {("task_jobs", "q"): [1, 0]} and books.take_tally() == {}
+    books.tally(job, "failed")
+    books.give_back_tally(taken)  # the write failed
+    assert books.take_tally() == {("task_jobs", "q"): [1, 1]}

@@ -1,4 +1,4 @@
-"""Operations: the workers' presence, paused queues, and the progress of a running job.
+"""Operations: the workers' presence, paused queues, throughput, and the progress of a running job.
 
 Revision ID: 0007
 Revises: 0006
@@ -9,6 +9,9 @@ Create Date: 2026-12-03 07:10:00.000000
 * ``sa_jobqueue_paused_queues``: one row per paused queue of a job table;
   workers leave it out of their claims within one poll interval
   (``sa_jobqueue.pausing``).
+* ``sa_jobqueue_throughput``: per job table, queue and minute, the jobs
+  workers completed and the attempts that failed, added by their presence
+  beats (``sa_jobqueue.throughput``): the dashboard's throughput chart.
 * ``sa_jobqueue_jobs.progress``: a nullable ``jsonb`` column, NULL on every
   existing row: how far a running job is, written by its heartbeat
   (``sa_jobqueue.progress``).
@@ -35,6 +38,7 @@ depends_on: str | Sequence[str] | None = None
 TABLE = "sa_jobqueue_jobs"
 WORKERS = "sa_jobqueue_workers"
 PAUSED = "sa_jobqueue_paused_queues"
+THROUGHPUT = "sa_jobqueue_throughput"
 
 
 def upgrade() -> None:
@@ -63,10 +67,20 @@ def upgrade() -> None:
         sa.Column("paused_by", sa.String(length=255), nullable=True),
         sa.PrimaryKeyConstraint("job_table", "queue"),
     )
+    op.create_table(
+        THROUGHPUT,
+        sa.Column("job_table", sa.String(length=63), nullable=False),
+        sa.Column("queue", sa.String(length=128), nullable=False),
+        sa.Column("minute", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("completed", sa.Integer(), nullable=False),
+        sa.Column("failed", sa.Integer(), nullable=False),
+        sa.PrimaryKeyConstraint("job_table", "queue", "minute"),
+    )
     op.add_column(TABLE, sa.Column("progress", postgresql.JSONB(astext_type=sa.Text()), nullable=True))
 
 
 def downgrade() -> None:
     op.drop_column(TABLE, "progress")
+    op.drop_table(THROUGHPUT)
     op.drop_table(PAUSED)
     op.drop_table(WORKERS)

@@ -139,6 +139,7 @@ class AsyncJobExecutor:
             log.exception("worker %s: completing job %s failed; its lease will expire", self.ctx.name, held.job.id)
             return
         self.ctx.books.count("completed")
+        self.ctx.books.tally(held.job, "completed")
         signals.send(signals.job_succeeded, self.ctx.sender, job=held.job, duration=duration)
 
     def _complete_alone(self, held: Held, stored: str | None) -> None:
@@ -219,6 +220,7 @@ class AsyncJobExecutor:
             await self.after_failure(held, task, exc)
             return
         ctx.books.count("completed")
+        ctx.books.tally(job, "completed")
         signals.send(signals.job_succeeded, ctx.sender, job=job, duration=time.monotonic() - (held.started or 0.0))
 
     # -- steps ---------------------------------------------------------------

@@ -215,6 +215,7 @@ class AsyncGroupRunner:
         each = (time.monotonic() - started) / len(ran)
         for held in ran:
             ctx.pacer.job_ran(each)
+            ctx.books.tally(held.job, "completed")
             signals.send(signals.job_succeeded, ctx.sender, job=held.job,
                          duration=time.monotonic() - (held.started or started))
         return rest

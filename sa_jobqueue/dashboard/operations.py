@@ -1,7 +1,8 @@
 """What the dashboard reads and writes of the operations tables (revision 0007).
 
 The Workers page reads ``sa_jobqueue_workers`` (:mod:`sa_jobqueue.presence`),
-the overview the paused queues (:mod:`sa_jobqueue.pausing`); pausing and
+the overview the paused queues (:mod:`sa_jobqueue.pausing`) and the
+throughput the workers counted (:mod:`sa_jobqueue.throughput`); pausing and
 resuming a queue goes through the library's own verbs. Each reader returns
 None when its table does not exist, so a database that has not run the
 revision shows a notice instead of failing the page.
@@ -17,12 +18,14 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from ..control_tables import PAUSED_TABLE, WORKERS_TABLE
+from ..control_tables import PAUSED_TABLE, THROUGHPUT_TABLE, WORKERS_TABLE
 from ..pausing import pause_queue, paused_queues, resume_queue
 from ..presence import WorkerPresence, list_workers
 from ..progress import Progress
+from ..throughput import Minute, per_minute
 
-__all__ = ["QUEUE_OPERATIONS", "RunningJob", "change_queue", "paused_of", "running_of", "workers_of"]
+__all__ = ["QUEUE_OPERATIONS", "RunningJob", "change_queue", "paused_of", "running_of", "throughput_of",
+           "workers_of"]
 
 # What the overview offers per queue: the operation, and its button's label.
 QUEUE_OPERATIONS = {"pause": "Pause", "resume": "Resume"}
@@ -70,6 +73,13 @@ def paused_of(session: Session, tables: Sequence[str]) -> dict[str, set[str]] | 
     if not _exists(session, PAUSED_TABLE):
         return None
     return paused_queues(session, tables)
+
+
+def throughput_of(session: Session, table: str) -> list[Minute] | None:
+    """The jobs workers finished per minute over the last hour in ``table``; None without the table."""
+    if not _exists(session, THROUGHPUT_TABLE):
+        return None
+    return per_minute(session, table)
 
 
 def change_queue(engine: Engine, repo: Any, operation: str, queue: str) -> bool:

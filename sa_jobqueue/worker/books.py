@@ -79,6 +79,32 @@ class Books:
         self.result = WorkerResult()
         self._lock = threading.Lock()
         self._held: dict[Any, Held] = {}  # by lock token
+        # (table, queue) -> [completed, failed] since the presence beat last took them (sa_jobqueue.throughput).
+        self._tally: dict[tuple[str, str], list[int]] = {}
+
+    def tally(self, job: Any, outcome: str) -> None:
+        """The outcome of ``job`` committed: count it for the throughput, as ``completed`` or
+        ``failed`` (a retry, a death or a timeout)."""
+        key = (job.__table__.name, job.queue)
+        with self._lock:
+            counts = self._tally.get(key)
+            if counts is None:
+                counts = self._tally[key] = [0, 0]
+            counts[0 if outcome == "completed" else 1] += 1
+
+    def take_tally(self) -> dict[tuple[str, str], list[int]]:
+        """The counts since the last take, and start again from zero."""
+        with self._lock:
+            taken, self._tally = self._tally, {}
+        return taken
+
+    def give_back_tally(self, taken: dict[tuple[str, str], list[int]]) -> None:
+        """Counts taken but not written (the write failed): the next take has them again."""
+        with self._lock:
+            for key, (completed, failed) in taken.items():
+                counts = self._tally.setdefault(key, [0, 0])
+                counts[0] += completed
+                counts[1] += failed
 
     def count(self, outcome: str, n: int = 1) -> None:
         """Count ``n`` jobs of ``outcome`` (a :class:`WorkerResult` field; a

@@ -156,6 +156,7 @@ class Completer:
             self.books.release(job)
             if job.id in done:
                 self.books.count("completed")
+                self.books.tally(job, "completed")
                 signals.send(signals.job_succeeded, self.sender, job=job, duration=duration)
             else:
                 log.warning("worker %s: job %s finished after its lease was lost", self.name, job.id)

@@ -64,4 +64,5 @@ def record_timeout(ctx: WorkerContext, held: Held) -> None:
         log.exception("worker %s: recording the timeout of job %s failed; its lease will expire", ctx.name, job.id)
         return
     ctx.books.count(outcome)
+    ctx.books.tally(job, "failed")
     signals.send_failure(ctx.sender, job, None, outcome, seconds)

@@ -150,6 +150,7 @@ class JobExecutor:
             self.after_failure(held, task, exc)
             return
         ctx.books.count("completed")
+        ctx.books.tally(job, "completed")
         signals.send(signals.job_succeeded, ctx.sender, job=job, duration=time.monotonic() - (held.started or 0.0))
 
     # -- steps ---------------------------------------------------------------
@@ -195,6 +196,7 @@ class JobExecutor:
                           "reaper counts the attempt", ctx.name, held.job.id)
             return
         ctx.books.count(outcome)
+        ctx.books.tally(held.job, "failed")
         signals.send_failure(ctx.sender, held.job, exc, outcome, duration)
 
     def finish_cancelled(self, held: Held) -> None:
@@ -285,4 +287,5 @@ def complete_with_result(ctx: WorkerContext, held: Held, stored: str) -> None:
         log.exception("worker %s: completing job %s failed; its lease will expire", ctx.name, job.id)
         return
     ctx.books.count("completed")
+    ctx.books.tally(job, "completed")
     signals.send(signals.job_succeeded, ctx.sender, job=job, duration=time.monotonic() - (held.started or 0.0))

@@ -213,6 +213,7 @@ class GroupRunner:
         each = (time.monotonic() - started) / len(group)
         for held in group:
             ctx.pacer.job_ran(each)
+            ctx.books.tally(held.job, "completed")
             signals.send(signals.job_succeeded, ctx.sender, job=held.job,
                          duration=time.monotonic() - (held.started or started))
         return []

@@ -2,7 +2,9 @@
 
 * :class:`PresenceBeat` writes the worker's row of ``sa_jobqueue_workers``
   (:mod:`sa_jobqueue.presence`) every ``heartbeat_interval``, with the jobs
-  its handlers run and their progress, and deletes it at a clean stop.
+  its handlers run and their progress, adds the jobs it finished since the
+  last beat to ``sa_jobqueue_throughput`` (:mod:`sa_jobqueue.throughput`),
+  and deletes its row at a clean stop.
 * :class:`PauseWatch` reads the paused queues of the worker's tables
   (:mod:`sa_jobqueue.pausing`) every ``poll_interval`` into
   ``WorkerContext.paused``, which the claims leave out.
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..pausing import paused_queues
 from ..presence import beat, prune_gone, withdraw
+from ..throughput import add_finished, prune_throughput
 
 if TYPE_CHECKING:
     from .context import WorkerContext
@@ -55,13 +58,17 @@ class PresenceBeat:
 
     def run(self) -> bool:
         ctx = self.ctx
+        tally = ctx.books.take_tally()
         try:
             with ctx.control() as session:
                 beat(session, dict(self._fixed, running=ctx.running.described()),
                      expires_in=timedelta(seconds=self.interval * BEATS_TO_EXPIRE))
+                add_finished(session, tally)
                 if self._beats % PRUNE_EVERY == 0:
                     prune_gone(session)
+                    prune_throughput(session)
         except Exception as exc:
+            ctx.books.give_back_tally(tally)  # counted by a later beat
             if not self._failing:
                 log.warning("worker %s: cannot write its presence (%s); is the table sa_jobqueue_workers "
                             "created (revision 0007, or sa_jobqueue.create_control_tables)? Jobs run as before",
@@ -75,15 +82,18 @@ class PresenceBeat:
         return False
 
     def withdraw(self) -> None:
-        """The worker stops: delete its row (a failure leaves it to expire)."""
+        """The worker stops: write its last counts and delete its row (a failure leaves it to expire)."""
         if not self._beats:
             return
+        tally = self.ctx.books.take_tally()
         try:
             with self.ctx.control() as session:
                 withdraw(session, self.id)
+            with self.ctx.control() as session:
+                add_finished(session, tally)
         except Exception as exc:
-            log.warning("worker %s: cannot delete its presence (%s); it expires by itself",
-                        self.ctx.name, _first_line(exc))
+            log.warning("worker %s: cannot delete its presence or write its last counts (%s); the presence "
+                        "expires by itself", self.ctx.name, _first_line(exc))
 
 
 class PauseWatch:

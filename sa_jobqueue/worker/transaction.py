@@ -90,8 +90,10 @@ class BatchReport:
             log.info("worker %s: handed back %s claimed job(s) not started: %s", ctx.name, len(self.unstarted),
                      ", ".join(str(job.id) for job in self.unstarted))
         for job, duration in self.succeeded:
+            ctx.books.tally(job, "completed")
             signals.send(signals.job_succeeded, ctx.sender, job=job, duration=duration)
         for job, error, status, duration in self.failed:
+            ctx.books.tally(job, "failed")
             signals.send_failure(ctx.sender, job, error, status, duration)
 
 
