@@ -27,7 +27,7 @@ written by hand:
 * :func:`create_dedupe_done_index` / :func:`drop_dedupe_done_index`: the
   same for the index of dedupe windows, ``ix_<t>_dedupe_done_v1``;
 * :func:`create_dashboard_indexes` / :func:`drop_dashboard_indexes`: the
-  same for the dashboard's ``ix_<t>_status_v1`` and ``ix_<t>_finished_v1``.
+  same for the dashboard's ``ix_<t>_status_v1``.
 
 Each helper validates its arguments before emitting anything and raises
 :class:`~sa_jobqueue.errors.InvalidArgumentError` naming the bad one: names
@@ -56,7 +56,6 @@ from .index_builds import build_index, check_concurrently, drop_index
 from .mixin import (
     CLAIM_INDEX_COLUMNS,
     DEDUPE_DONE_INDEX_COLUMNS,
-    FINISHED_INDEX_COLUMNS,
     MAX_IDENTIFIER_BYTES,
     MAX_TABLE_NAME_BYTES,
     STATUS_INDEX_COLUMNS,
@@ -64,7 +63,6 @@ from .mixin import (
     claim_index_v1_name,
     dedupe_done_index_name,
     dedupe_index_name,
-    finished_index_name,
     lease_index_name,
     max_attempts_check_name,
     status_check_name,
@@ -212,7 +210,7 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
     * the table (its rows, grants and storage parameters stay);
     * the indexes ``ix_<old>_claim_v2``, ``ix_<old>_lease_v1``,
       ``uq_<old>_dedupe_v1`` (and ``ix_<old>_dedupe_done_v1``,
-      ``ix_<old>_status_v1`` and ``ix_<old>_finished_v1`` when they exist) and the checks ``ck_<old>_status_v1``,
+      ``ix_<old>_status_v1`` when they exist) and the checks ``ck_<old>_status_v1``,
       ``ck_<old>_max_attempts_v1`` to their ``<new>`` names; these must exist;
     * the primary key ``<old>_pkey`` and identity sequence ``<old>_id_seq``
       when they carry PostgreSQL's default names (skipped otherwise, e.g.
@@ -256,7 +254,7 @@ def rename_job_table(old: str, new: str, *, schema: str | None = None) -> None:
     op.execute(f"ALTER INDEX IF EXISTS {qualified(old_pkey, schema)} RENAME TO {quote(new_pkey)}")
     op.execute(f"ALTER SEQUENCE IF EXISTS {qualified(old_seq, schema)} RENAME TO {quote(new_seq)}")
     # Tables made before the dedupe window's index (revision 0006) or the dashboard's (0008) may lack them.
-    for index_name in (dedupe_done_index_name, status_index_name, finished_index_name):
+    for index_name in (dedupe_done_index_name, status_index_name):
         op.execute(f"ALTER INDEX IF EXISTS {qualified(index_name(old), schema)} "
                    f"RENAME TO {quote(index_name(new))}")
     op.execute(_rename_not_null_constraints(old, new, table))
@@ -343,20 +341,17 @@ def drop_dedupe_done_index(
 def create_dashboard_indexes(
     table_name: str, *, schema: str | None = None, concurrently: bool | None = None
 ) -> None:
-    """Build ``ix_<t>_status_v1`` and ``ix_<t>_finished_v1``, where the dashboard lists and counts jobs by
-    status and queue, and counts the jobs finished per minute;
+    """Build ``ix_<t>_status_v1``, where the dashboard lists and counts jobs by status and queue;
     ``concurrently`` as in :func:`upgrade_claim_index`."""
     _replace_index(table_name, schema, concurrently, build=status_index_name, columns=STATUS_INDEX_COLUMNS,
                    drop=None, where=states.STATUS_INDEX_PREDICATE)
-    _replace_index(table_name, schema, concurrently, build=finished_index_name, columns=FINISHED_INDEX_COLUMNS,
-                   drop=None, where=states.FINISHED_PREDICATE)
 
 
 def drop_dashboard_indexes(
     table_name: str, *, schema: str | None = None, concurrently: bool | None = None
 ) -> None:
     """The reverse of :func:`create_dashboard_indexes`."""
-    _drop(table_name, schema, concurrently, finished_index_name, status_index_name)
+    _drop(table_name, schema, concurrently, status_index_name)
 
 
 def _drop(table_name: object, schema: object, concurrently: object, *names: Callable[[str], str]) -> None:

@@ -26,10 +26,7 @@ number of job tables live side by side on one or several ``Base`` classes:
   status IN ('pending', 'done', 'dead', 'cancelled')``, where the dashboard
   lists the jobs of a status (and queue) newest first and counts them up
   to a limit; it leaves the running jobs out (they are few, and the lease
-  index has them), so a claim writes no entry in it;
-* ``ix_<table>_finished_v1``: partial index ``(status, finished_at) WHERE
-  status IN ('done', 'dead', 'cancelled')``, where the dashboard counts the
-  jobs finished in each minute.
+  index has them), so a claim writes no entry in it.
 
 Names carry a version because Alembic's autogenerate cannot compare a partial
 index predicate: a changed predicate ships under a new name.
@@ -83,7 +80,6 @@ from .states import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
     DONE,
-    FINISHED_PREDICATE,
     LEASE_PREDICATE,
     LIVE_STATUSES,
     NAME_LENGTH,
@@ -112,7 +108,6 @@ def claim_index_v1_name(table_name: str) -> str:
 CLAIM_INDEX_COLUMNS = ("queue", "priority", "run_at", "id")
 DEDUPE_DONE_INDEX_COLUMNS = ("queue", "dedupe_key", "created_at")
 STATUS_INDEX_COLUMNS = ("status", "queue", "id")
-FINISHED_INDEX_COLUMNS = ("status", "finished_at")
 
 
 def lease_index_name(table_name: str) -> str:
@@ -129,10 +124,6 @@ def dedupe_done_index_name(table_name: str) -> str:
 
 def status_index_name(table_name: str) -> str:
     return f"ix_{table_name}_status_v1"
-
-
-def finished_index_name(table_name: str) -> str:
-    return f"ix_{table_name}_finished_v1"
 
 
 def status_check_name(table_name: str) -> str:
@@ -192,11 +183,6 @@ def job_table_args(table_name: str) -> tuple[Any, ...]:
             conv(status_index_name(table_name)),
             *STATUS_INDEX_COLUMNS,
             postgresql_where=text(STATUS_INDEX_PREDICATE),
-        ),
-        Index(
-            conv(finished_index_name(table_name)),
-            *FINISHED_INDEX_COLUMNS,
-            postgresql_where=text(FINISHED_PREDICATE),
         ),
     )
 
@@ -307,8 +293,6 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_QUEUE",
     "DONE",
-    "FINISHED_INDEX_COLUMNS",
-    "FINISHED_PREDICATE",
     "JobMixin",
     "LEASE_PREDICATE",
     "LIVE_STATUSES",
@@ -326,7 +310,6 @@ __all__ = [
     "claim_index_v1_name",
     "dedupe_done_index_name",
     "dedupe_index_name",
-    "finished_index_name",
     "job_table",
     "job_table_args",
     "lease_index_name",

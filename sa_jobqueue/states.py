@@ -20,7 +20,6 @@ DEAD = "dead"
 CANCELLED = "cancelled"
 STATUSES = (PENDING, RUNNING, DONE, DEAD, CANCELLED)
 LIVE_STATUSES = (PENDING, RUNNING)
-FINISHED_STATUSES = (DONE, DEAD, CANCELLED)
 
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 20
@@ -54,8 +53,6 @@ DEDUPE_DONE_PREDICATE = f"dedupe_key IS NOT NULL AND status = '{DONE}'"
 # ones, so that a claim (pending to running) writes no entry there; the running are few, in the lease index.
 STATUS_INDEXED = (PENDING, DONE, DEAD, CANCELLED)
 STATUS_INDEX_PREDICATE = f"status IN ({sql_list(STATUS_INDEXED)})"
-# The finished jobs, by when they finished: the dashboard's throughput reads them.
-FINISHED_PREDICATE = f"status IN ({sql_list(FINISHED_STATUSES)})"
 # The dedupe_until of a job whose key is held until it starts: the claim clears
 # its dedupe_key (sa_jobqueue.dedupe). NULL: held while the job is live.
 RELEASED_AT_START = "started"

@@ -30,7 +30,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from .checks import check_session
 from .control_tables import THROUGHPUT
 
-__all__ = ["THROUGHPUT_KEPT", "THROUGHPUT_MINUTES", "Minute", "add_finished", "per_minute", "prune_throughput"]
+__all__ = ["THROUGHPUT_KEPT", "THROUGHPUT_MINUTES", "Minute", "add_finished", "per_minute", "per_minute_statement",
+           "prune_throughput"]
 
 THROUGHPUT_KEPT = timedelta(hours=2)
 """How long a minute's row is kept."""
@@ -73,7 +74,12 @@ def prune_throughput(session: Any, *, kept: timedelta = THROUGHPUT_KEPT) -> int:
 def per_minute(session: Any, table: str, *, minutes: int = THROUGHPUT_MINUTES) -> list[Minute]:
     """The last ``minutes`` minutes of ``table`` (a job table's name), oldest first, every minute
     included (zero when nothing finished), the current one so far."""
-    session = check_session(session)
+    rows = check_session(session).execute(per_minute_statement(table, minutes))
+    return [Minute(start, int(done), int(failed)) for start, done, failed in rows]
+
+
+def per_minute_statement(table: str, minutes: int = THROUGHPUT_MINUTES) -> Any:
+    """The statement of :func:`per_minute`: ``(start, done, failed)`` rows, one an hour's minute."""
     now = func.date_trunc("minute", func.now())
     series = select(func.generate_series(now - text(f"interval '{int(minutes) - 1} minutes'"), now,
                                          text("interval '1 minute'")).label("start")).subquery("series")
@@ -84,9 +90,8 @@ def per_minute(session: Any, table: str, *, minutes: int = THROUGHPUT_MINUTES) -
         .group_by(THROUGHPUT.c.minute)
         .subquery("counted")
     )
-    statement = (
+    return (
         select(series.c.start, func.coalesce(counted.c.done, 0), func.coalesce(counted.c.failed, 0))
         .select_from(series.outerjoin(counted, counted.c.minute == series.c.start))
         .order_by(series.c.start)
     )
-    return [Minute(start, int(done), int(failed)) for start, done, failed in session.execute(statement)]

@@ -198,11 +198,6 @@ def assert_job_objects(url: URL, table: str) -> None:
         "WHERE ((status)::text = ANY ((ARRAY['pending'::character varying, 'done'::character varying, "
         "'dead'::character varying, 'cancelled'::character varying])::text[]))"
     )
-    assert found[f"ix_{table}_finished_v1"] == (
-        f"CREATE INDEX ix_{table}_finished_v1 ON public.{table} USING btree (status, finished_at) "
-        "WHERE ((status)::text = ANY ((ARRAY['done'::character varying, 'dead'::character varying, "
-        "'cancelled'::character varying])::text[]))"
-    )
     checks = constraints(url, table)
     assert checks[f"ck_{table}_max_attempts_v1"] == "CHECK ((max_attempts >= 1))"
     status_check = checks[f"ck_{table}_status_v1"]
@@ -345,7 +340,7 @@ def test_revision_0003_keeps_stored_limits_and_its_downgrade_stores_20_in_unset_
 def test_revision_0008_builds_the_dashboards_indexes_on_a_table_with_jobs(
     create_database: Callable[[], URL]
 ) -> None:
-    """0008 builds ``ix_<t>_status_v1`` and ``ix_<t>_finished_v1`` CONCURRENTLY on a table that has jobs
+    """0008 builds ``ix_<t>_status_v1`` CONCURRENTLY on a table that has jobs
     (valid, and used by the dashboard's queries); its downgrade (to 0007) drops them and nothing else."""
     url = create_database()
     alembic_cli("upgrade", "0007", cwd=REPO, database_url=url)
@@ -357,7 +352,7 @@ def test_revision_0008_builds_the_dashboards_indexes_on_a_table_with_jobs(
     assert_job_objects(url, DEFAULT_TABLE)
     valid = query(url, "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
                        "WHERE c.relname LIKE :like", like=f"ix_{DEFAULT_TABLE}_%_v1")
-    assert {(f"ix_{DEFAULT_TABLE}_finished_v1", True), (f"ix_{DEFAULT_TABLE}_status_v1", True)} <= set(valid)
+    assert (f"ix_{DEFAULT_TABLE}_status_v1", True) in set(valid)
     assert_no_drift(REPO, url)
     alembic_cli("downgrade", "0007", cwd=REPO, database_url=url)
     assert snapshot(url, [DEFAULT_TABLE]) == previous
@@ -579,7 +574,6 @@ def test_user_environment_autogenerate_upgrade_rename(
         assert (f"op.create_index(op.f('ix_{table}_dedupe_done_v1'), '{table}', "
                 "['queue', 'dedupe_key', 'created_at']") in source
         assert f"op.create_index(op.f('ix_{table}_status_v1'), '{table}', ['status', 'queue', 'id']" in source
-        assert f"op.create_index(op.f('ix_{table}_finished_v1'), '{table}', ['status', 'finished_at']" in source
         assert f"name=op.f('ck_{table}_status_v1')" in source
         assert f"name=op.f('ck_{table}_max_attempts_v1')" in source
     assert (
@@ -625,7 +619,6 @@ def test_user_environment_autogenerate_upgrade_rename(
         "uq_invoice_jobs_dedupe_v1",
         "ix_invoice_jobs_dedupe_done_v1",  # renamed too
         "ix_invoice_jobs_status_v1",
-        "ix_invoice_jobs_finished_v1",
     }
     renamed_constraints = set(constraints(url, "invoice_jobs"))
     # PostgreSQL 18+ also lists NOT NULL constraints, named <table>_<column>_not_null.
@@ -710,7 +703,7 @@ def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the
     previous = "".join(line for line in previous.splitlines(keepends=True) if "_dedupe_done_v1" not in line)
     # Nor the dashboard's indexes (revision 0008).
     previous = "".join(line for line in previous.splitlines(keepends=True)
-                       if not re.search(r"'ix_\w+_(status|finished)_v1'", line))
+                       if not re.search(r"'ix_\w+_status_v1'", line))
     assert "'result'" not in previous and "'meta'" not in previous and "'dedupe_until'" not in previous
     assert "'progress'" not in previous
     first.write_text(previous)
@@ -739,9 +732,8 @@ def test_user_job_tables_of_the_previous_version_migrate_by_autogenerate_and_the
         assert (f"op.add_column('{table}', sa.Column('progress', sa.JSON().with_variant(postgresql.JSONB("
                 "astext_type=sa.Text()), 'postgresql'), nullable=True))") in source
         assert f"op.drop_index(op.f('ix_{table}_dedupe_done_v1')" in source
-        for index in ("status", "finished"):
-            assert f"op.create_index(op.f('ix_{table}_{index}_v1'), '{table}', " in source
-            assert f"op.drop_index(op.f('ix_{table}_{index}_v1')" in source
+        assert f"op.create_index(op.f('ix_{table}_status_v1'), '{table}', " in source
+        assert f"op.drop_index(op.f('ix_{table}_status_v1')" in source
         # max_attempts: nullable now; the server default's drop is left to the
         # user (autogenerate compares defaults only with compare_server_default).
         assert (

@@ -67,7 +67,7 @@ def test_naming_convention_does_not_rename_job_objects() -> None:
     assert "CONSTRAINT ck_conv_jobs_status_v1 CHECK" in ddl
     names = {i.name for i in Conv.__table__.indexes}
     assert names == {"ix_conv_jobs_claim_v2", "ix_conv_jobs_lease_v1", "uq_conv_jobs_dedupe_v1",
-                     "ix_conv_jobs_dedupe_done_v1", "ix_conv_jobs_status_v1", "ix_conv_jobs_finished_v1"}
+                     "ix_conv_jobs_dedupe_done_v1", "ix_conv_jobs_status_v1"}
     JobRepository(Conv)
 
 

@@ -1,4 +1,4 @@
-"""sa_jobqueue_jobs: the dashboard's indexes, by status and queue, and of finished jobs by finish time.
+"""sa_jobqueue_jobs: the dashboard's index of jobs by status and queue.
 
 Revision ID: 0008
 Revises: 0007
@@ -9,12 +9,9 @@ Create Date: 2026-12-03 10:00:00.000000
   claim writes no entry in it): the dashboard's jobs list of a status (and
   queue) reads it newest first, its overview and its confirmations count
   through it, up to a limit.
-* ``ix_sa_jobqueue_jobs_finished_v1`` on ``(status, finished_at) WHERE
-  status IN ('done', 'dead', 'cancelled')``: the overview counts the jobs
-  finished per minute through it.
 
-Both are built CONCURRENTLY, so workers keep claiming and enqueueing while
-they build; run inside a transaction its caller began, they are built in
+It is built CONCURRENTLY, so workers keep claiming and enqueueing while
+it builds; run inside a transaction its caller began, it is built in
 that transaction instead (see
 ``sa_jobqueue.migrations.create_dashboard_indexes``).
 """

@@ -5,7 +5,9 @@ A job table that keeps finished jobs holds millions of rows, and an exact
 status`` took 145 ms at 1,000,000 jobs. So each count here stops at a
 limit (:data:`COUNT_LIMIT`, 10,000), and a page shows a count that reached
 it as ``10,000+``, as large dashboards do. Each reads one range of an
-index, so its cost is bounded by the limit, not by the table:
+index, so its cost is bounded by the limit, not by the table (the
+overview's throughput is not counted from the table at all: the workers
+count what they finish, :mod:`sa_jobqueue.throughput`):
 
 * :func:`queue_counts`: the ``(status, queue)`` pairs of the table (but the
   running jobs, which the lease index counts: as many as workers hold), found by
@@ -14,9 +16,6 @@ index, so its cost is bounded by the limit, not by the table:
   pair counted up to the limit in that index; and each queue's oldest
   runnable job, by skipping through the claim index the same way, one
   descent per (queue, priority) of pending jobs;
-* :func:`throughput`: the jobs finished ``done`` and ``dead`` in each minute
-  of the last hour, a range of ``ix_<t>_finished_v1`` per minute (exact:
-  every job finished in the hour is read, once);
 * :func:`count_matching`: the jobs a filter of the jobs list matches, up to
   a limit (the confirmation page of an action).
 
@@ -27,21 +26,19 @@ the caller owns and reads only (plain ``SELECT``s: ``ACCESS SHARE``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Table, and_, func, literal, literal_column, select, text, true, tuple_
+from sqlalchemy import Table, and_, func, literal, literal_column, select, true, tuple_
 from sqlalchemy.orm import Session
 
 from ..repository import JobRepository
-from ..states import DEAD, DONE, PENDING, RUNNING, STATUS_INDEXED, STATUSES
+from ..states import PENDING, RUNNING, STATUS_INDEXED, STATUSES
 from .filters import JobFilter
 from .queries import check_path, conditions
 
 COUNT_LIMIT = 10_000
 """A count stops past this many jobs; a page shows it as ``10,000+``."""
-THROUGHPUT_MINUTES = 60
-"""Throughput covers the last hour, a bar a minute."""
 
 
 @dataclass(frozen=True)
@@ -57,15 +54,6 @@ class QueueCounts:
     def shown(self, status: str) -> str:
         """The count of ``status`` as a page shows it: ``1,234``, or ``10,000+`` past the limit."""
         return shown(self.counts[status], self.limit)
-
-
-@dataclass(frozen=True)
-class Minute:
-    """Jobs finished in one minute: ``done`` and ``dead``."""
-
-    start: datetime
-    done: int
-    dead: int
 
 
 def shown(count: int, limit: int) -> str:
@@ -154,28 +142,6 @@ def queue_counts(session: Session, repository: JobRepository[Any], limit: int = 
     return [QueueCounts(q, by_queue[q], ages.get(q), limit) for q in sorted(by_queue)]
 
 
-def throughput(session: Session, repository: JobRepository[Any]) -> list[Minute] | None:
-    """Jobs finished ``done`` and ``dead`` in each minute of the last hour, oldest first (every minute,
-    zero included; the current one so far); None on a table that deletes finished jobs, which keeps no
-    record of them (their counts are Prometheus's, see docs/operations.md)."""
-    if not repository.keep_done:
-        return None
-    t: Table = repository.table
-    now = func.date_trunc("minute", func.now())
-    minutes = select(func.generate_series(
-        now - text(f"interval '{THROUGHPUT_MINUTES - 1} minutes'"), now, text("interval '1 minute'"),
-    ).label("start")).subquery("minutes")
-    end = minutes.c.start + text("interval '1 minute'")
-
-    def finished(status: str) -> Any:
-        return (select(func.count()).where(t.c.status == _status(status), t.c.finished_at >= minutes.c.start,
-                                           t.c.finished_at < end)
-                .scalar_subquery())
-
-    rows = session.execute(select(minutes.c.start, finished(DONE), finished(DEAD)).order_by(minutes.c.start))
-    return [Minute(start, int(done), int(dead)) for start, done, dead in rows]
-
-
 def count_matching(session: Session, repository: JobRepository[Any], wanted: JobFilter, limit: int) -> int:
     """How many jobs match ``wanted`` (its keyset included), counted up to ``limit + 1``: a result over
     ``limit`` means "more". A ``payload_path`` PostgreSQL cannot parse raises
@@ -188,6 +154,6 @@ def count_matching(session: Session, repository: JobRepository[Any], wanted: Job
 
 
 __all__ = [
-    "COUNT_LIMIT", "THROUGHPUT_MINUTES", "Minute", "QueueCounts", "count_matching", "oldest_runnable",
-    "pair_counts", "running_counts", "queue_counts", "shown", "throughput",
+    "COUNT_LIMIT", "QueueCounts", "count_matching", "oldest_runnable",
+    "pair_counts", "running_counts", "queue_counts", "shown",
 ]

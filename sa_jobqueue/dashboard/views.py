@@ -98,23 +98,13 @@ class Views:
         """Per table and queue: counts by status, throughput over the last hour, and the table's health."""
         with self._reading() as session:
             tables = [
-                TableOverview(name, counts.queue_counts(session, repo), self._throughput(session, repo),
+                TableOverview(name, counts.queue_counts(session, repo), operations.throughput_of(session, name),
                               table_health(session, repo.table))
                 for name, repo in self.tables.items()
             ]
             paused = operations.paused_of(session, list(self.tables))
         return self._page("overview.html", "overview", tables=tables, statuses=STATUSES, live_url="/events",
                           paused=paused or {}, pausing=paused is not None, queue_operations=operations.QUEUE_OPERATIONS)
-
-    @staticmethod
-    def _throughput(session: Session, repo: JobRepository[Any]) -> list[Minute] | None:
-        """Per minute of the last hour, what the workers counted (sa_jobqueue_throughput); on a database
-        without that table, a table that keeps finished jobs counts them through its index (done and dead)."""
-        counted = operations.throughput_of(session, repo.table.name)
-        if counted is not None:
-            return counted
-        kept = counts.throughput(session, repo)
-        return None if kept is None else [Minute(m.start, m.done, m.dead) for m in kept]
 
     def jobs(self, params: Mapping[str, str]) -> Rendered:
         """The jobs of one table matching the filter in ``params``, a page of them, newest first."""
