@@ -345,6 +345,15 @@ def test_the_operations_pages_blocks_run(engine: Engine, sessions: sessionmaker[
         worker.stop()
         thread.join(timeout=60)
     assert "docs-worker alive ['default'] 0 running" in printed.getvalue()
+    (counted,) = python_blocks(section(DOCS / "operations.md", "## Throughput: what the workers finished"))
+    from sa_jobqueue.throughput import add_finished
+
+    with sessions.begin() as session:
+        add_finished(session, {("email_jobs", "default"): [3, 1]})
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(counted, "docs/operations.md, throughput", "exec", dont_inherit=True), {"engine": engine})
+    assert "3 done, 1 failed" in printed.getvalue()
 
 
 # -- throughput ----------------------------------------------------------------------

@@ -78,8 +78,8 @@ class Views:
         with Session(self.engine) as session, session.begin():
             session.execute(text("SET TRANSACTION READ ONLY"))
             session.execute(text(f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT.total_seconds() * 1000)}"))
-            # A page's statements are short; compiling one (its plan's cost can pass jit_above_cost on a big
-            # table: the throughput's sixty range counts) costs more than it saves.
+            # A page's statements are short; compiling one whose plan's cost passes jit_above_cost on a big
+            # table costs more than it saves.
             session.execute(text("SET LOCAL jit = off"))
             yield session
             session.rollback()  # it wrote nothing; ending it so is the cheapest
