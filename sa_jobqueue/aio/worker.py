@@ -245,6 +245,10 @@ class AsyncWorker(WorkerFace):
             if self._notified:
                 self._notified = False
                 ctx.pacer.notified()
+            if stopping.is_set():
+                # A stop while a duty was awaited: no claim may start now (it would take the jobs a
+                # stopping group just handed back, and hand them back again).
+                break
             listening = listener is not None and listener.connected.is_set()
             if mode.step(time.monotonic(), listening=listening, until_empty=until_empty):
                 break

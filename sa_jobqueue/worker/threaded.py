@@ -191,6 +191,8 @@ class Worker(WorkerFace):
                 ctx.completer.flush()
             if self._take_notification():
                 ctx.pacer.notified()
+            if ctx.stopping.is_set():  # a stop while the duties ran: no claim may start now
+                break
             listening = listener is not None and listener.connected.is_set()
             if mode.step(time.monotonic(), listening=listening, until_empty=until_empty):
                 break
