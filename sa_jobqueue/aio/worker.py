@@ -64,7 +64,6 @@ from .transaction import AsyncTransactionMode
 from .watchdog import WorkerWatch
 
 log = logging.getLogger("sa_jobqueue.worker")
-
 __all__ = ["AsyncWorker"]
 
 Duty = tuple[Callable[[], Awaitable[bool]], float, list[float]]
@@ -245,9 +244,7 @@ class AsyncWorker(WorkerFace):
             if self._notified:
                 self._notified = False
                 ctx.pacer.notified()
-            if stopping.is_set():
-                # A stop while a duty was awaited: no claim may start now (it would take the jobs a
-                # stopping group just handed back, and hand them back again).
+            if stopping.is_set():  # a stop while a duty was awaited: no claim may start now
                 break
             listening = listener is not None and listener.connected.is_set()
             if mode.step(time.monotonic(), listening=listening, until_empty=until_empty):
