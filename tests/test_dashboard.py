@@ -194,6 +194,44 @@ def test_a_page_runs_read_only(dashboard_db: tuple[URL, Engine]) -> None:
     assert views.jobs({"status": "pending"}).status == 200
 
 
+def test_no_page_takes_a_lock_a_worker_waits_on(dashboard_db: tuple[URL, Engine], filled: dict[str, int]) -> None:
+    """After every statement of every page, the page's backend holds only ACCESS SHARE locks on
+    relations (which no worker's INSERT, UPDATE or DELETE waits for) and no transaction id (a row lock
+    or a write would have assigned one)."""
+    from sqlalchemy import event
+
+    from sa_jobqueue.dashboard.views import Views
+
+    url, _ = dashboard_db
+    engine = create_engine(url)
+    held: list[tuple[str, str, str]] = []
+    statements: list[str] = []
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def look(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+        with conn.connection.dbapi_connection.cursor() as own:  # a cursor of its own: no event, same backend
+            own.execute("SELECT locktype, mode, coalesce(relation::regclass::text, '') FROM pg_locks "
+                        "WHERE pid = pg_backend_pid() AND (locktype = 'transactionid' "
+                        "OR (locktype = 'relation' AND mode <> 'AccessShareLock'))")
+            held.extend(own.fetchall())
+
+    views = Views(engine, [jobs, emails, reports])
+    try:
+        pages = [
+            views.overview(), views.workers(), views.periodic(),
+            views.jobs({"table": "task_jobs", "queue": "bulk", "payload": "$.user_id == 119"}),
+            views.jobs({"table": "report_jobs", "status": "dead"}), views.jobs({"status": "scheduled"}),
+            views.jobs({"table": "email_jobs", "col.tenant_id": "7"}),
+            views.job("report_jobs", str(filled["done"])),
+            views.confirm({"table": "task_jobs", "action": "retry", "status": "dead"}, "token"),
+        ]
+        assert [page.status for page in pages] == [200] * len(pages)
+        assert len(statements) > 3 * len(pages) and held == []
+    finally:
+        engine.dispose()
+
+
 # -- plain values: the filter and the page's words, no database
 
 
