@@ -132,6 +132,26 @@ def stored_defaults(table: Table) -> dict[str, Any] | None:
     return defaults
 
 
+def left_out_values(defaults: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """What the columns a row was written without store (its table's :func:`stored_defaults`,
+    ``defaults``), ``now`` being the transaction's ``now()``."""
+    return {key: now if value is NOW else value for key, value in defaults.items()}
+
+
+def stored_row(left_out: dict[str, Any], job_id: int, row: dict[str, Any], run_at: datetime,
+               payload: Any) -> dict[str, Any]:
+    """Every column's value as stored for the checked ``row`` written with id ``job_id``, as
+    ``run_at`` (the server's ``coalesce(run_at, now() + delay)``), its payload read back as ``payload``;
+    ``left_out``: :func:`left_out_values`. A row's ``meta`` is the caller's to add."""
+    return {**left_out, "id": job_id, "task": row["task"], "queue": row["queue"], "payload": payload,
+            "priority": row["priority"], "run_at": run_at, "max_attempts": row["max_attempts"]}
+
+
+def as_read_back(value: Any) -> Any:
+    """A checked JSON value as jsonb gives it back: a copy, tuples become lists."""
+    return json.loads(json.dumps(value, separators=(",", ":")))
+
+
 def sequence_of(session: Session, table: Table) -> str:
     """The identity sequence behind ``table.id``, schema-qualified and quoted."""
     name = session.connection().dialect.identifier_preparer.format_table(table)
@@ -154,7 +174,7 @@ def copy_rows(
     reserved = session.execute(_RESERVE, {"sequence": sequence, "n": len(rows)}).one()
     now: datetime = reserved.now
     ids: list[int] = sorted(reserved.ids)
-    left_out = {key: now if value is NOW else value for key, value in defaults.items()}
+    left_out = left_out_values(defaults, now)
     with_meta = "meta" in rows[0]
     stored: list[dict[str, Any]] = []
 
@@ -164,12 +184,8 @@ def copy_rows(
             encoded = json.dumps(row["payload"], separators=(",", ":"))
             delay: timedelta | None = row["delay"]
             run_at = row["run_at"] or (now + delay if delay else now)
-            stored.append({
-                **left_out, "id": job_id, "task": row["task"], "queue": row["queue"],
-                # As read back from jsonb: tuples become lists, keys strings.
-                "payload": json.loads(encoded), "priority": row["priority"], "run_at": run_at,
-                "max_attempts": row["max_attempts"],
-            })
+            # As read back from jsonb: tuples become lists, keys strings.
+            stored.append(stored_row(left_out, job_id, row, run_at, json.loads(encoded)))
             record: tuple[Any, ...] = (
                 job_id, row["task"], row["queue"], encoded, row["priority"], run_at, row["max_attempts"])
             if with_meta:

@@ -87,6 +87,29 @@ def test_insert_paths_return_what_was_stored(sessions: sessionmaker[Session]) ->
             _assert_equal_to_rows(session, created)
 
 
+def test_one_enqueue_returns_what_was_stored(sessions: sessionmaker[Session], engine: Engine) -> None:
+    """A plain job table's one-row INSERT returns only id, created_at and run_at, and the
+    snapshot is built from the row (bulk.stored_row): it equals the stored row, column by
+    column, whatever the row holds (a run_at, a delay, a limit, meta, a tuple in the payload),
+    with or without the NOTIFY folded in; a table with columns of its own returns every column."""
+    specs = _specs(10)
+    with recorded_sql(engine) as sent, sessions.begin() as session:
+        made = [jobs.enqueue(session, s.task, s.payload, queue=s.queue, priority=s.priority, run_at=s.run_at,
+                             delay=s.delay, max_attempts=s.max_attempts, meta={"m": (1, 2)} if i % 2 else None)
+                for i, s in enumerate(specs)]
+        own = emails.enqueue(session, "noop", {"x": 1}, extra={"tenant_id": 3})
+    inserts = [s for s in sent if s.startswith("INSERT INTO task_jobs")]
+    returned = [s[s.index(" RETURNING "):] for s in inserts]
+    assert len(returned) == 10 and all(r.startswith(" RETURNING task_jobs.id, task_jobs.created_at, task_jobs.run_at")
+                                       and "payload" not in r for r in returned), returned
+    assert any("pg_notify" in s for s in inserts), "the first runnable job of a queue notifies in the same statement"
+    assert made[0].payload["tuple"] == [1, "a"] and made[1].meta == {"m": [1, 2]}, "as read back from jsonb"
+    with sessions() as session:
+        _assert_equal_to_rows(session, made)
+        _assert_equal_to_rows(session, [own])
+    assert own.tenant_id == 3
+
+
 def test_snapshots_are_detached_and_outlive_their_session(sessions: sessionmaker[Session], engine: Engine) -> None:
     with Session(engine) as session, session.begin():  # expire_on_commit=True, the default
         job = jobs.enqueue(session, "noop", {"a": 1})
