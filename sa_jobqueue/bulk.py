@@ -19,7 +19,9 @@ mixin's defaults, when the session's driver is psycopg 3 (sync or async) or
 asyncpg (:mod:`sa_jobqueue.copying`). Anything else
 takes the INSERT path. The COPY runs on the session's own connection and
 transaction: it commits or rolls back with the caller's writes.
-SQLAlchemy's ``before_cursor_execute`` events do not see it.
+SQLAlchemy's ``before_cursor_execute`` events do not see it. The one-row
+INSERT of such a table builds its snapshot the same way (:func:`stored_row`),
+from the ``id``, ``created_at`` and ``run_at`` it returns.
 
 :func:`write_order` decides in which order, and in which statements,
 ``enqueue_many`` writes its rows.

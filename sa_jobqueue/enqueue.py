@@ -7,7 +7,9 @@
 
 * one row without a dedupe key: one ``INSERT … RETURNING``, with the NOTIFY
   folded into the same statement when the transaction has not notified its
-  queue yet;
+  queue yet; on a table whose defaults the client knows (as for COPY, see
+  :mod:`sa_jobqueue.bulk`) it returns only ``id``, ``created_at`` and
+  ``run_at``, and the snapshot is the row as stored (:func:`~sa_jobqueue.bulk.stored_row`);
 * many rows: the statements of :func:`~sa_jobqueue.bulk.write_order`, rows
   with a dedupe key first in one global order (``INSERT … ON CONFLICT DO
   NOTHING``, the live holder of a key returned in place of a new row), then
