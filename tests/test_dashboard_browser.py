@@ -3,7 +3,8 @@
 
 The pages render with data, a filter narrows the list, a page updates by
 itself when a job is enqueued elsewhere, the Workers page shows a running
-job's progress, and a queue pauses from the overview. Screenshots of each page go to the
+job's progress, a queue pauses from the overview, and the Dead and Periodic
+pages open from the menu. Screenshots of each page go to the
 test's directory (and, with ``SAJQ_SCREENSHOTS=DIR``, to DIR: how
 docs/img/dashboard-*.png are made). Skipped, saying why, without Chromium
 (``apt-get install chromium``; .ci/run installs it).
@@ -15,7 +16,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,17 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import JobSpec, TaskRegistry, Worker, create_control_tables, paused_queues, report_progress
+from sa_jobqueue import (
+    JobSpec,
+    Periodic,
+    PeriodicScheduler,
+    TaskRegistry,
+    Worker,
+    create_control_tables,
+    create_periodic_table,
+    paused_queues,
+    report_progress,
+)
 from sa_jobqueue.throughput import add_finished
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -217,3 +228,36 @@ def test_the_workers_page_shows_a_running_job_and_a_queue_pauses_from_the_overvi
     expect(row.locator('[data-paused="default"]')).to_have_text("paused")
     with Session(database[1]) as session:
         assert paused_queues(session) == {"email_jobs": {"default"}}
+
+
+def test_the_dead_and_periodic_pages_open_from_the_menu(page: Any, address: str, database: tuple[URL, Engine],
+                                                         tmp_path: Path) -> None:
+    """Last in this module: its periodic tick enqueues a job the counts above do not expect."""
+    from playwright.sync_api import expect
+
+    _, engine = database
+    with Session(engine) as session, session.begin():
+        reports.enqueue(session, "quarterly", {"quarter": 3}, queue="archive")
+    with Session(engine) as session, session.begin():
+        [job] = reports.claim(session, queues=["archive"], lease=LEASE)
+        reports.fail(session, job, "Traceback (most recent call last):\n  File \"reports.py\", line 30, in "
+                     "quarterly\nKeyError: 'q3'", discard=True)
+    create_periodic_table(engine)
+    scheduler = PeriodicScheduler(jobs, [Periodic(cron="0 3 * * *", task="nightly_report", name="nightly",
+                                                  queue="ops")])
+    with Session(engine) as session, session.begin():
+        scheduler.run_due(session, now=datetime(2020, 6, 1, 12, 0, tzinfo=timezone.utc))
+
+    page.goto(f"http://{address}/")
+    page.click('header a:text-is("Dead")')
+    expect(page.locator("h1")).to_have_text("Dead jobs")
+    page.select_option('select[name="table"]', "report_jobs")
+    page.click("button[type=submit]")
+    expect(page.locator(f'#jobs tr[data-job="{job.id}"]')).to_contain_text("quarterly")
+    _shoot(page, tmp_path, "dead")
+    page.click('header a:text-is("Periodic")')
+    expect(page.locator("h1")).to_have_text("Periodic schedules")
+    schedule = page.locator('tr[data-schedule="nightly"]')
+    expect(schedule).to_contain_text("2020-06-01 03:00:00 UTC")
+    expect(schedule).to_contain_text("overdue")  # the next tick lies in the past: no worker ran it
+    _shoot(page, tmp_path, "periodic")
