@@ -18,7 +18,7 @@ from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session
 from waiting import wait_for
 
-from sa_jobqueue import JobRepository, JobSpec, psycopg_url
+from sa_jobqueue import JobRepository, JobSpec, list_workers, psycopg_url
 from sa_jobqueue.cli.supervisor import Backoff
 from sa_jobqueue.default import Job
 
@@ -103,6 +103,16 @@ def test_a_killed_worker_process_is_restarted_and_sigterm_stops_them_all(cli_url
         # Each process is named after the name given and its slot, the replacement too.
         wait_for(lambda: {m.group(1) for m in stderr.find(r"worker (sup-[12]) serving")} == {"sup-1", "sup-2"},
                  60, "both worker processes to serve, named sup-1 and sup-2")
+        # The "serving" line comes before a worker installs its signal handlers, and a SIGTERM
+        # before them ends it by the signal, without its result line. Its first presence beat
+        # comes after them: wait for both processes' beats before the stop.
+
+        def beating() -> set[int]:
+            with Session(engine) as session:
+                return {w.pid for w in list_workers(session) if w.alive}
+
+        wait_for(lambda: beating() >= {first[1], replacement}, 60,
+                 "both worker processes to beat, their signal handlers installed")
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     finally:
