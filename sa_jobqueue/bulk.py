@@ -23,6 +23,11 @@ SQLAlchemy's ``before_cursor_execute`` events do not see it. The one-row
 INSERT of such a table builds its snapshot the same way (:func:`stored_row`),
 from the ``id``, ``created_at`` and ``run_at`` it returns.
 
+:meth:`JobRepository.enqueue_many_fast` wants no snapshot: :func:`copy_new_rows`
+leaves the ids to the identity and reads nothing back, so it skips the id
+reservation and the snapshots, which cost more than the COPY itself (their
+objects also make the interpreter's cyclic garbage collector run over them).
+
 :func:`write_order` decides in which order, and in which statements,
 ``enqueue_many`` writes its rows.
 """
@@ -41,6 +46,7 @@ from sqlalchemy.types import String
 
 from .copying import copy_records
 from .dedupe import ROW_KEY
+from .jsontext import compact_json
 from .states import COLUMN_DEFAULTS, NOW_DEFAULTS, server_default
 
 # The columns COPY writes; the others take their defaults. ``meta`` only for rows that have one
@@ -56,6 +62,10 @@ _RESERVE = text(
 ).bindparams(bindparam("sequence", type_=String()))
 
 _SEQUENCE = text("SELECT pg_get_serial_sequence(:table, 'id')")
+
+_NOW = text("SELECT now()")
+# What copy_new_rows may leave to the table: each column, and the value its mixin default stores.
+_LEFT_OUT = {"priority": COLUMN_DEFAULTS["priority"], "run_at": NOW, "max_attempts": None}
 
 
 # Fewer rows than this go through INSERT: COPY's extra round trip (the id
@@ -151,7 +161,7 @@ def stored_row(left_out: dict[str, Any], job_id: int, row: dict[str, Any], run_a
 
 def as_read_back(value: Any) -> Any:
     """A checked JSON value as jsonb gives it back: a copy, tuples become lists."""
-    return json.loads(json.dumps(value, separators=(",", ":")))
+    return json.loads(compact_json(value))
 
 
 def sequence_of(session: Session, table: Table) -> str:
@@ -183,7 +193,7 @@ def copy_rows(
     def records() -> Iterator[tuple[Any, ...]]:
         # One pass, as the driver writes: each row's stored values are known as it goes out.
         for job_id, row in zip(ids, rows, strict=True):
-            encoded = json.dumps(row["payload"], separators=(",", ":"))
+            encoded = compact_json(row["payload"])
             delay: timedelta | None = row["delay"]
             run_at = row["run_at"] or (now + delay if delay else now)
             # As read back from jsonb: tuples become lists, keys strings.
@@ -191,10 +201,71 @@ def copy_rows(
             record: tuple[Any, ...] = (
                 job_id, row["task"], row["queue"], encoded, row["priority"], run_at, row["max_attempts"])
             if with_meta:
-                meta = json.dumps(row["meta"], separators=(",", ":"))
+                meta = compact_json(row["meta"])
                 stored[-1]["meta"] = json.loads(meta)
                 record = (*record, meta)
             yield record
 
     copy_records(conn, table, _COPIED_META if with_meta else _COPIED, records())
     return stored
+
+
+def omissible(table: Table) -> frozenset[str]:
+    """The columns among ``priority``, ``run_at`` and ``max_attempts`` that :func:`copy_new_rows`
+    may leave out of a COPY whose rows all hold its default (0, the transaction's ``now()``,
+    NULL): those whose default on ``table`` stores exactly that."""
+    expected = {"priority": _default_sql(server_default("priority")), "run_at": "now()", "max_attempts": None}
+    found = set()
+    for key, sql_text in expected.items():
+        column = table.columns[key]
+        given = column.server_default
+        rendered = None if given is None else _default_sql(getattr(given, "arg", given))
+        if column.default is None and rendered == sql_text:
+            found.add(key)
+    return frozenset(found)
+
+
+def copy_new_rows(session: Session, conn: Any, table: Table, rows: Sequence[dict[str, Any]],
+                  payload_texts: Sequence[str], omissible: frozenset[str]) -> None:
+    """COPY checked rows into ``table`` as :func:`copy_rows` does, each row's payload sent as its
+    ``payload_texts`` item (its :func:`~sa_jobqueue.jsontext.compact_json`), but with the ids left to
+    the table's identity and nothing known of the rows afterwards: no id reservation, no snapshot.
+    A column of ``omissible`` (:func:`omissible`) that every row leaves at its default is not sent
+    either, as the raw COPY of a loader would not. One round trip (the transaction's ``now()``)
+    comes first when ``run_at`` is sent for a row without one."""
+    sent = {key for key in _LEFT_OUT if key not in omissible}
+    for row in rows:
+        if len(sent) == len(_LEFT_OUT):
+            break
+        if row["priority"] != _LEFT_OUT["priority"]:
+            sent.add("priority")
+        if row["run_at"] is not None or row["delay"]:
+            sent.add("run_at")
+        if row["max_attempts"] is not None:
+            sent.add("max_attempts")
+    now: datetime | None = None
+    if "run_at" in sent and any(row["run_at"] is None for row in rows):
+        now = session.execute(_NOW).scalar_one()
+    priority, run_at_sent, limit = "priority" in sent, "run_at" in sent, "max_attempts" in sent
+    with_meta = "meta" in rows[0]
+    columns = ["task", "queue", "payload", *(key for key in _LEFT_OUT if key in sent), *(["meta"] if with_meta else [])]
+
+    def records() -> Iterator[tuple[Any, ...]]:
+        for row, payload in zip(rows, payload_texts, strict=True):
+            record = [row["task"], row["queue"], payload]
+            if priority:
+                record.append(row["priority"])
+            if run_at_sent:
+                run_at: datetime | None = row["run_at"]
+                if run_at is None:  # coalesce(run_at, now() + delay), as the INSERT computes it
+                    assert now is not None
+                    delay: timedelta | None = row["delay"]
+                    run_at = now + delay if delay else now
+                record.append(run_at)
+            if limit:
+                record.append(row["max_attempts"])
+            if with_meta:
+                record.append(compact_json(row["meta"]))
+            yield tuple(record)
+
+    copy_records(conn, table, columns, records())

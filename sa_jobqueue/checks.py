@@ -22,6 +22,7 @@ The job's own content (payload, extra columns) is checked by
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -74,12 +75,26 @@ def check_name(parameter: str, value: object, limit: int = NAME_LENGTH) -> str:
     Any other character is legal (quotes, semicolons, ``$$``, backslashes…):
     names only ever travel as bound parameters.
     """
-    value = check_text(parameter, value)
-    if not value.strip():
-        raise InvalidArgumentError(parameter, "must not be empty")
-    if len(value) > limit:
-        raise InvalidArgumentError(parameter, f"must be at most {limit} characters, got {len(value)}")
+    if not isinstance(value, str):
+        raise InvalidArgumentError(parameter, f"must be a string, got {type(value).__name__}")
+    # Remembered for names that fit: a bulk enqueue checks the same few task and queue names at every row.
+    problem = (_name_problem if len(value) <= limit else _name_problem.__wrapped__)(value, limit)
+    if problem is not None:
+        raise InvalidArgumentError(parameter, problem)
     return value
+
+
+@functools.lru_cache(maxsize=1024)
+def _name_problem(value: str, limit: int) -> str | None:
+    """Why ``value`` is no name of at most ``limit`` characters (see :func:`check_name`), or None."""
+    problem = text_problem(value)
+    if problem is not None:
+        return problem
+    if not value.strip():
+        return "must not be empty"
+    if len(value) > limit:
+        return f"must be at most {limit} characters, got {len(value)}"
+    return None
 
 
 def int_between(parameter: str, value: object, low: int, high: int) -> int:

@@ -100,6 +100,7 @@ class Enqueuer(Generic[M]):
         self.channel = channel
         # What COPY leaves to the table's defaults; None: this table takes INSERT only.
         self._defaults = bulk.stored_defaults(table) if copy else None
+        self._omissible = bulk.omissible(table)  # what enqueue_many_fast's COPY may leave to the table
         # Statements are values: built once, reused with new parameters, so the
         # hot path skips construction and hits SQLAlchemy's compiled cache.
         returned = snapshots.columns
@@ -159,13 +160,28 @@ class Enqueuer(Generic[M]):
         jobs, outcomes = self._written(session, rows, notify)
         return [EnqueueOutcome(job, outcome) for job, outcome in zip(jobs, outcomes, strict=True)]
 
+    def count(self, session: Session, rows: list[dict[str, Any]], payload_texts: list[str], *, notify: bool) -> int:
+        """Write ``rows`` as :meth:`many` does; return how many new jobs they made. Plain rows that
+        COPY writes (their payloads as ``payload_texts``, one per row) are not read back and have
+        no snapshot built, unless an enqueue hook is registered: hooks are given the jobs as written."""
+        if enqueue_hooks.HOOKS:
+            outcomes = self._written(session, rows, notify)[1]
+        else:
+            self._check_windows(rows)
+            outcomes = self._many(session, rows, notify, payload_texts=payload_texts)[1]
+        return sum(outcome == INSERTED for outcome in outcomes)
+
+    def _check_windows(self, rows: list[dict[str, Any]]) -> None:
+        """Raise :class:`InvalidArgumentError` when a row has a dedupe window and this table deletes finished jobs."""
+        if not self._keep_done and any(row.get(ROW_KEY) and row[ROW_KEY].window is not None for row in rows):
+            raise InvalidArgumentError("dedupe_key.window", f"counts finished jobs, which {self.table.name} does "
+                                       "not keep (set __keep_done__ = True on its model)")
+
     def _written(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> tuple[list[M], list[Outcome]]:
         """Write ``rows`` inside the enqueue hooks; each row's job and outcome. Raise
         :class:`InvalidArgumentError` before writing anything when a row has a dedupe
         window and this table deletes finished jobs."""
-        if not self._keep_done and any(row.get(ROW_KEY) and row[ROW_KEY].window is not None for row in rows):
-            raise InvalidArgumentError("dedupe_key.window", f"counts finished jobs, which {self.table.name} does "
-                                       "not keep (set __keep_done__ = True on its model)")
+        self._check_windows(rows)
         hooks = enqueue_hooks.HOOKS
         if not (hooks and rows):  # an empty enqueue_many writes nothing: nothing to wrap
             return self._many(session, rows, notify)
@@ -178,8 +194,11 @@ class Enqueuer(Generic[M]):
 
         return run_hooked(hooks, self.table.name, rows, write), outcomes
 
-    def _many(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> tuple[list[M], list[Outcome]]:
+    def _many(self, session: Session, rows: list[dict[str, Any]], notify: bool, *,
+              payload_texts: list[str] | None = None) -> tuple[list[M], list[Outcome]]:
         # Plain rows are the bulk path: a job and a constant per row, no object of their own.
+        # With ``payload_texts`` (the rows' payloads as JSON), rows that COPY writes have no job:
+        # the caller counts outcomes.
         result: list[M | None] = [None] * len(rows)
         outcomes: list[Outcome] = [INSERTED] * len(rows)
         latest: dict[int, M] = {}  # each keyed job as the last statement of the call left it
@@ -190,16 +209,18 @@ class Enqueuer(Generic[M]):
                     result[i], outcomes[i] = outcome.job, outcome.outcome
                     latest[outcome.job.id] = outcome.job
                 continue
+            if payload_texts is not None and self._copy_only(session, params, [payload_texts[i] for i in indexes]):
+                continue
             copied = self._copy(session, params)
             written = copied if copied is not None else self.snapshots.all(session.execute(self._insert, params).all())
             for i, job in zip(indexes, written, strict=True):
                 result[i] = job
         if notify:
             self.notify_queues(session, {row["queue"] for row in rows if runnable_now(row)})
-        jobs = [job for job in result if job is not None]
+        written_jobs = [job for job in result if job is not None]
         if latest:
-            jobs = [latest.get(job.id, job) for job in jobs]
-        return jobs, outcomes
+            written_jobs = [latest.get(job.id, job) for job in written_jobs]
+        return written_jobs, outcomes
 
     def _insert_keyed_retrying(self, session: Session, rows: list[dict[str, Any]]) -> list[EnqueueOutcome[M]]:
         """:meth:`_insert_keyed` in a SAVEPOINT, tried again when a key was
@@ -314,15 +335,27 @@ class Enqueuer(Generic[M]):
 
     def _copy(self, session: Session, rows: list[dict[str, Any]]) -> list[M] | None:
         """COPY plain rows when COPY can stand in for the INSERT (see :mod:`sa_jobqueue.bulk`)."""
-        if len(rows) < bulk.COPY_THRESHOLD or self._defaults is None:
-            return None
-        conn = copy_connection(session)
-        if conn is None:
+        conn = self._copy_connection(session, rows)
+        if conn is None or self._defaults is None:
             return None
         if self._sequence is None:
             self._sequence = bulk.sequence_of(session, self.table)
         stored = bulk.copy_rows(session, conn, self.table, self._sequence, rows, self._defaults)
         return [self.snapshots.of(values) for values in stored]
+
+    def _copy_only(self, session: Session, rows: list[dict[str, Any]], payload_texts: list[str]) -> bool:
+        """COPY plain rows without reading anything back, when COPY can stand in for the INSERT."""
+        conn = self._copy_connection(session, rows)
+        if conn is None:
+            return False
+        bulk.copy_new_rows(session, conn, self.table, rows, payload_texts, self._omissible)
+        return True
+
+    def _copy_connection(self, session: Session, rows: list[dict[str, Any]]) -> Any | None:
+        """The connection COPY writes ``rows`` on, or None where the INSERT must (see :mod:`sa_jobqueue.bulk`)."""
+        if len(rows) < bulk.COPY_THRESHOLD or self._defaults is None:
+            return None
+        return copy_connection(session)
 
     def notify_queues(self, session: Session, queues: set[str]) -> None:
         """NOTIFY the ``queues`` not yet notified in this transaction, in one statement."""

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from .errors import InvalidArgumentError, shown
+from .jsontext import compact_json
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
 
@@ -37,6 +37,13 @@ def _payload_strings(payload: Any) -> str | None:
 
 def check_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES, parameter: str = "payload") -> Any:
     """Return the payload if it is strict JSON PostgreSQL can store; raise naming ``parameter``.
+    What is refused: :func:`encode_payload`."""
+    encode_payload(payload, max_bytes=max_bytes, parameter=parameter)
+    return payload
+
+
+def encode_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES, parameter: str = "payload") -> str:
+    """The payload's :func:`compact_json` if it is strict JSON PostgreSQL can store; raise naming ``parameter``.
 
     Refused: anything json.dumps cannot encode (objects, sets, bytes,
     Decimal, datetime…: a payload is data, never code, so nothing is
@@ -46,7 +53,7 @@ def check_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES, parameter
     UTF-8).
     """
     try:
-        encoded = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        encoded = compact_json(payload)
     except RecursionError:
         raise InvalidArgumentError(parameter, "is nested too deeply to encode as JSON") from None
     except ValueError as exc:  # NaN or infinity, a circular reference, a too long int
@@ -70,7 +77,7 @@ def check_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES, parameter
     problem = _payload_strings(payload)
     if problem is not None:
         raise InvalidArgumentError(parameter, problem)
-    return payload
+    return encoded
 
 
 # A job's meta (the trace context of the enqueuing code, say) is small: it travels with every claim, as the payload.

@@ -151,6 +151,15 @@ class JobRepository(Generic[M]):
         """
         return [outcome.job for outcome in self.enqueue_many_report(session, jobs)]
 
+    def enqueue_many_fast(self, session: Session, jobs: Iterable[JobSpec]) -> int:
+        """:meth:`enqueue_many` without the jobs: return how many new jobs the specs made (one whose
+        dedupe key a live job holds makes none). Checked, written and notified as there, in the caller's
+        transaction; where COPY writes the rows, nothing is read back and no snapshot is built."""
+        session = check_session(session)
+        texts: list[str] = []
+        rows = [to_row(spec, self._user_columns, payload_texts=texts) for spec in check_specs(jobs)]
+        return self._enqueuer.count(session, rows, texts, notify=self.notify)
+
     def enqueue_many_report(self, session: Session, jobs: Iterable[JobSpec]) -> list[EnqueueOutcome[M]]:
         """:meth:`enqueue_many`, with, per spec in input order, the job that won its place (new, or
         the holder of its dedupe key) and what the call did (:class:`~sa_jobqueue.EnqueueOutcome`)."""
@@ -214,18 +223,9 @@ class JobRepository(Generic[M]):
         params = {"ids": [j.id for j in jobs], "tokens": [j.lock_token for j in jobs]}
         return set(session.scalars(self._complete_many, params, execution_options=_NO_SYNC).all())
 
-    def fail(
-        self,
-        session: Session,
-        job: M,
-        error: str,
-        *,
-        policy: RetryPolicy = DEFAULT_RETRY_POLICY,
-        delay: timedelta | None = None,
-        at: datetime | None = None,
-        max_attempts: int | None = None,
-        discard: bool = False,
-    ) -> str:
+    def fail(self, session: Session, job: M, error: str, *, policy: RetryPolicy = DEFAULT_RETRY_POLICY,
+             delay: timedelta | None = None, at: datetime | None = None, max_attempts: int | None = None,
+             discard: bool = False) -> str:
         """Record a failed attempt of a claimed job and return its new status.
 
         The job goes back to ``pending`` after a backoff (``policy``'s delay
@@ -357,14 +357,8 @@ class JobRepository(Generic[M]):
         job_id = check_job_id(job_id)
         return session.execute(self._retry, {"job_id": job_id}, execution_options=_NO_SYNC).first() is not None
 
-    def purge(
-        self,
-        session: Session,
-        *,
-        statuses: Sequence[str] = ("done", "dead", "cancelled"),
-        older_than: timedelta = timedelta(0),
-        limit: int = 1000,
-    ) -> int:
+    def purge(self, session: Session, *, statuses: Sequence[str] = ("done", "dead", "cancelled"),
+              older_than: timedelta = timedelta(0), limit: int = 1000) -> int:
         """Delete up to ``limit`` finished jobs older than ``older_than``; return how many."""
         session = check_session(session)
         statuses = check_statuses(statuses)

@@ -53,7 +53,7 @@ from .checks import (
 )
 from .dedupe import ROW_KEY, Dedupe, HeldUntil, OnConflict
 from .errors import InvalidArgumentError, shown
-from .payloads import MAX_PAYLOAD_BYTES, check_meta, check_payload
+from .payloads import MAX_PAYLOAD_BYTES, check_meta, check_payload, encode_payload
 from .states import DEDUPE_KEY_LENGTH, DEFAULT_QUEUE, PRIORITY_MAX, PRIORITY_MIN, RELEASED_AT_START, SCHEDULE_HORIZON
 
 """The largest payload accepted, in bytes of its compact UTF-8 JSON encoding (1 MiB).
@@ -137,6 +137,8 @@ def check_dedupe(value: object) -> Dedupe | None:
 
 
 def _check_extra(extra: object, user_columns: frozenset[str]) -> dict[str, Any]:
+    if type(extra) is dict and not extra:  # JobSpec's default, without the Mapping check's cost
+        return {}
     if not isinstance(extra, Mapping):
         raise InvalidArgumentError("extra", "must be a mapping of column name to value")
     unknown = [key for key in extra if not isinstance(key, str) or key not in user_columns]
@@ -155,18 +157,25 @@ def _check_extra(extra: object, user_columns: frozenset[str]) -> dict[str, Any]:
 
 
 def to_row(
-    spec: JobSpec, user_columns: frozenset[str], *, max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    spec: JobSpec, user_columns: frozenset[str], *, max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+    payload_texts: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Check ``spec`` and return the INSERT parameters for it."""
+    """Check ``spec`` and return the INSERT parameters for it; append its payload's
+    :func:`~sa_jobqueue.jsontext.compact_json` to ``payload_texts`` when given."""
     if not isinstance(spec, JobSpec):
         raise InvalidArgumentError("jobs", f"items must be JobSpec, got {type(spec).__name__}")
     if spec.run_at is not None and spec.delay is not None:
         raise InvalidArgumentError("run_at", "give run_at or delay, not both")
     dedupe = check_dedupe(spec.dedupe_key)
+    task, queue = check_name("task", spec.task), check_name("queue", spec.queue)
+    payload = {} if spec.payload is None else spec.payload
+    text = encode_payload(payload, max_bytes=max_payload_bytes)  # checked in this order: the first error is raised
+    if payload_texts is not None:
+        payload_texts.append(text)
     row: dict[str, Any] = {
-        "task": check_name("task", spec.task),
-        "queue": check_name("queue", spec.queue),
-        "payload": check_payload({} if spec.payload is None else spec.payload, max_bytes=max_payload_bytes),
+        "task": task,
+        "queue": queue,
+        "payload": payload,
         "priority": int_between("priority", spec.priority, PRIORITY_MIN, PRIORITY_MAX),
         "max_attempts": (
             None if spec.max_attempts is None else int_between("max_attempts", spec.max_attempts, 1, INT32_MAX)
@@ -182,7 +191,9 @@ def to_row(
             row["dedupe_until"] = RELEASED_AT_START
     if spec.meta is not None:  # no key otherwise: the statements without meta stay the ones they were
         row["meta"] = check_meta(spec.meta)
-    row.update(_check_extra(spec.extra, user_columns))
+    extra = _check_extra(spec.extra, user_columns)
+    if extra:
+        row.update(extra)
     return row
 
 

@@ -152,6 +152,36 @@ async def test_plain_bulk_rows_go_through_copy_and_come_back_as_stored(
         assert _columns(job) == _columns(stored[job.id])
 
 
+async def test_enqueue_many_fast_copies_and_counts(
+    sessions: async_sessionmaker[AsyncSession], async_engine: AsyncEngine, engine: Engine
+) -> None:
+    """The stored rows equal enqueue_many's (the id aside), through COPY alone, on both drivers."""
+    at = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
+    specs = [JobSpec("noop", {"i": i, "t": (1, "a")}, queue=f"q{i % 2}", priority=i % 3, meta={"m": i},
+                     run_at=at if i % 4 == 0 else None, delay=timedelta(seconds=5) if i % 4 == 1 else None)
+             for i in range(COPY_THRESHOLD + 4)]
+    sent: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        sent.append(statement)
+
+    event.listen(async_engine.sync_engine, "before_cursor_execute", record)
+    try:
+        async with sessions() as session, session.begin():
+            assert await tasks.enqueue_many_fast(session, specs) == len(specs)
+            assert await tasks.enqueue_many_fast(session, [JobSpec("noop", dedupe_key="k")] * 3) == 1
+            await tasks.enqueue_many(session, specs)
+    finally:
+        event.remove(async_engine.sync_engine, "before_cursor_execute", record)
+    assert not [s for s in sent[:2] if s.lstrip().upper().startswith("INSERT")], "COPY should stand in for the INSERT"
+    with Session(engine) as session:
+        rows = [_columns(job) for job in session.scalars(select(TaskJob).where(TaskJob.dedupe_key.is_(None))
+                                                         .order_by(TaskJob.id))]
+    assert [row["payload"] for row in rows[:len(specs)]] == [{"i": i, "t": [1, "a"]} for i in range(len(specs))]
+    for fast, many in zip(rows[:len(specs)], rows[len(specs):], strict=True):
+        assert {k: v for k, v in fast.items() if k != "id"} == {k: v for k, v in many.items() if k != "id"}
+
+
 async def test_rows_with_columns_of_the_apps_own_take_the_insert(sessions: async_sessionmaker[AsyncSession]) -> None:
     specs = [JobSpec("mail", {"i": i}, extra={"tenant_id": i}) for i in range(COPY_THRESHOLD + 1)]
     async with sessions() as session, session.begin():

@@ -102,6 +102,10 @@ class AsyncJobRepository(Generic[M]):
         """:meth:`JobRepository.enqueue_many <sa_jobqueue.JobRepository.enqueue_many>`, awaited."""
         return await check_async_session(session).run_sync(self.sync.enqueue_many, jobs)
 
+    async def enqueue_many_fast(self, session: AsyncSession, jobs: Iterable[JobSpec]) -> int:
+        """:meth:`JobRepository.enqueue_many_fast <sa_jobqueue.JobRepository.enqueue_many_fast>`, awaited."""
+        return await check_async_session(session).run_sync(self.sync.enqueue_many_fast, jobs)
+
     async def enqueue_many_report(self, session: AsyncSession, jobs: Iterable[JobSpec]) -> list[EnqueueOutcome[M]]:
         """:meth:`JobRepository.enqueue_many_report <sa_jobqueue.JobRepository.enqueue_many_report>`, awaited."""
         return await check_async_session(session).run_sync(self.sync.enqueue_many_report, jobs)
