@@ -23,10 +23,13 @@ SQLAlchemy's ``before_cursor_execute`` events do not see it. The one-row
 INSERT of such a table builds its snapshot the same way (:func:`stored_row`),
 from the ``id``, ``created_at`` and ``run_at`` it returns.
 
-:meth:`JobRepository.enqueue_many_fast` wants no snapshot: :func:`copy_new_rows`
+:meth:`JobRepository.enqueue_many_fast` wants no snapshot: :func:`stream_new_rows`
 leaves the ids to the identity and reads nothing back, so it skips the id
 reservation and the snapshots, which cost more than the COPY itself (their
-objects also make the interpreter's cyclic garbage collector run over them).
+objects also make the interpreter's cyclic garbage collector run over them);
+and it checks each spec as the row goes out, so that the client's checks
+run while the server stores the rows before (in a SAVEPOINT that a refused
+spec rolls back: nothing of the call is written then).
 
 :func:`write_order` decides in which order, and in which statements,
 ``enqueue_many`` writes its rows.
@@ -36,9 +39,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, Table, TextClause, bindparam, text
 from sqlalchemy.orm import Session
@@ -48,6 +51,8 @@ from .copying import copy_records
 from .dedupe import ROW_KEY
 from .jsontext import compact_json
 from .states import COLUMN_DEFAULTS, NOW_DEFAULTS, server_default
+
+T = TypeVar("T")
 
 # The columns COPY writes; the others take their defaults. ``meta`` only for rows that have one
 # (rows are copied in groups of one shape, see write_order): rows without it send what they always sent.
@@ -64,7 +69,7 @@ _RESERVE = text(
 _SEQUENCE = text("SELECT pg_get_serial_sequence(:table, 'id')")
 
 _NOW = text("SELECT now()")
-# What copy_new_rows may leave to the table: each column, and the value its mixin default stores.
+# What stream_new_rows may leave to the table: each column, and the value its mixin default stores.
 _LEFT_OUT = {"priority": COLUMN_DEFAULTS["priority"], "run_at": NOW, "max_attempts": None}
 
 
@@ -175,20 +180,23 @@ def sequence_of(session: Session, table: Table) -> str:
 
 def copy_rows(
     session: Session, conn: Any, table: Table, sequence: str, rows: Sequence[dict[str, Any]],
-    defaults: dict[str, Any],
-) -> list[dict[str, Any]]:
+    defaults: dict[str, Any], snapshot: Callable[[dict[str, Any]], T],
+) -> list[T]:
     """COPY checked rows (from :func:`~sa_jobqueue.spec.to_row`) into ``table``,
     whose :func:`stored_defaults` are ``defaults``, on ``conn``
     (:func:`~sa_jobqueue.copying.copy_connection` of ``session``).
 
-    Return, per row in input order, every column's value as stored.
+    Return, per row in input order, ``snapshot`` of every column's value as stored (a
+    mapping of its own, which ``snapshot`` may keep).
     """
     reserved = session.execute(_RESERVE, {"sequence": sequence, "n": len(rows)}).one()
     now: datetime = reserved.now
     ids: list[int] = sorted(reserved.ids)
     left_out = left_out_values(defaults, now)
     with_meta = "meta" in rows[0]
-    stored: list[dict[str, Any]] = []
+    # Snapshots as the rows go out: no mapping per row outlives its row (a bulk enqueue's
+    # cost is in good part the cyclic garbage collector's passes over what it keeps).
+    made: list[T] = []
 
     def records() -> Iterator[tuple[Any, ...]]:
         # One pass, as the driver writes: each row's stored values are known as it goes out.
@@ -197,21 +205,22 @@ def copy_rows(
             delay: timedelta | None = row["delay"]
             run_at = row["run_at"] or (now + delay if delay else now)
             # As read back from jsonb: tuples become lists, keys strings.
-            stored.append(stored_row(left_out, job_id, row, run_at, json.loads(encoded)))
+            values = stored_row(left_out, job_id, row, run_at, json.loads(encoded))
             record: tuple[Any, ...] = (
                 job_id, row["task"], row["queue"], encoded, row["priority"], run_at, row["max_attempts"])
             if with_meta:
                 meta = compact_json(row["meta"])
-                stored[-1]["meta"] = json.loads(meta)
+                values["meta"] = json.loads(meta)
                 record = (*record, meta)
+            made.append(snapshot(values))
             yield record
 
     copy_records(conn, table, _COPIED_META if with_meta else _COPIED, records())
-    return stored
+    return made
 
 
 def omissible(table: Table) -> frozenset[str]:
-    """The columns among ``priority``, ``run_at`` and ``max_attempts`` that :func:`copy_new_rows`
+    """The columns among ``priority``, ``run_at`` and ``max_attempts`` that :func:`stream_new_rows`
     may leave out of a COPY whose rows all hold its default (0, the transaction's ``now()``,
     NULL): those whose default on ``table`` stores exactly that."""
     expected = {"priority": _default_sql(server_default("priority")), "run_at": "now()", "max_attempts": None}
@@ -225,47 +234,61 @@ def omissible(table: Table) -> frozenset[str]:
     return frozenset(found)
 
 
-def copy_new_rows(session: Session, conn: Any, table: Table, rows: Sequence[dict[str, Any]],
-                  payload_texts: Sequence[str], omissible: frozenset[str]) -> None:
-    """COPY checked rows into ``table`` as :func:`copy_rows` does, each row's payload sent as its
-    ``payload_texts`` item (its :func:`~sa_jobqueue.jsontext.compact_json`), but with the ids left to
-    the table's identity and nothing known of the rows afterwards: no id reservation, no snapshot.
-    A column of ``omissible`` (:func:`omissible`) that every row leaves at its default is not sent
-    either, as the raw COPY of a loader would not. One round trip (the transaction's ``now()``)
-    comes first when ``run_at`` is sent for a row without one."""
-    sent = {key for key in _LEFT_OUT if key not in omissible}
-    for row in rows:
-        if len(sent) == len(_LEFT_OUT):
-            break
-        if row["priority"] != _LEFT_OUT["priority"]:
-            sent.add("priority")
-        if row["run_at"] is not None or row["delay"]:
-            sent.add("run_at")
-        if row["max_attempts"] is not None:
-            sent.add("max_attempts")
-    now: datetime | None = None
-    if "run_at" in sent and any(row["run_at"] is None for row in rows):
-        now = session.execute(_NOW).scalar_one()
+def stream_new_rows(session: Session, conn: Any, table: Table, specs: Sequence[Any],
+                    check: Callable[[Any], tuple[dict[str, Any], str]], omissible: frozenset[str]) -> None:
+    """COPY ``specs`` (:class:`~sa_jobqueue.JobSpec` without dedupe keys) into ``table`` on
+    ``conn`` (:func:`~sa_jobqueue.copying.copy_connection`), each checked by ``check`` (its
+    checked row and its payload's JSON text, :func:`~sa_jobqueue.jsontext.compact_json`) as it
+    goes out, while the server stores the rows sent before it. They are written as
+    :func:`copy_rows` writes them, but with the ids left to the table's identity and nothing
+    known of them afterwards: no id reservation, no snapshot; and a column of ``omissible``
+    (:func:`omissible`) that every spec leaves at its default is not sent either, as the raw
+    COPY of a loader would not. A spec that ``check`` refuses ends the COPY with its error,
+    some rows sent: the caller runs this in a SAVEPOINT and rolls back to it then."""
+    sent = _sent(omissible, priority=any(spec.priority != _LEFT_OUT["priority"] for spec in specs),
+                 run_at=any(spec.run_at is not None or spec.delay is not None for spec in specs),
+                 max_attempts=any(spec.max_attempts is not None for spec in specs))
+    _copy_new(session, conn, table, (check(spec) for spec in specs), sent,
+              now=any(spec.run_at is None for spec in specs), meta=any(spec.meta is not None for spec in specs))
+
+
+def _sent(omissible: frozenset[str], *, priority: bool, run_at: bool, max_attempts: bool) -> frozenset[str]:
+    """The columns of :data:`_LEFT_OUT` a COPY sends: those the table's defaults would not
+    fill in as wanted, and those some row sets (``priority``, ``run_at``, ``max_attempts``)."""
+    set_by_rows = {"priority": priority, "run_at": run_at, "max_attempts": max_attempts}
+    return frozenset(key for key in _LEFT_OUT if key not in omissible or set_by_rows[key])
+
+
+def _copy_new(session: Session, conn: Any, table: Table, rows: Iterable[tuple[dict[str, Any], str]],
+              sent: frozenset[str], *, now: bool, meta: bool) -> None:
+    """COPY checked rows with their payloads' JSON text: ``task``, ``queue``, ``payload``, the
+    columns of ``sent`` and, with ``meta``, ``meta`` (NULL for a row without). ``now``: some row
+    has no ``run_at`` (one round trip reads the transaction's ``now()`` when ``run_at`` is sent)."""
     priority, run_at_sent, limit = "priority" in sent, "run_at" in sent, "max_attempts" in sent
-    with_meta = "meta" in rows[0]
-    columns = ["task", "queue", "payload", *(key for key in _LEFT_OUT if key in sent), *(["meta"] if with_meta else [])]
+    at: datetime | None = session.execute(_NOW).scalar_one() if run_at_sent and now else None
+    columns = ["task", "queue", "payload", *(key for key in _LEFT_OUT if key in sent), *(["meta"] if meta else [])]
 
     def records() -> Iterator[tuple[Any, ...]]:
-        for row, payload in zip(rows, payload_texts, strict=True):
+        if not (priority or run_at_sent or limit or meta):  # rows at every default, as most bulk loads
+            for row, payload in rows:
+                yield row["task"], row["queue"], payload
+            return
+        for row, payload in rows:
             record = [row["task"], row["queue"], payload]
             if priority:
                 record.append(row["priority"])
             if run_at_sent:
                 run_at: datetime | None = row["run_at"]
                 if run_at is None:  # coalesce(run_at, now() + delay), as the INSERT computes it
-                    assert now is not None
+                    assert at is not None
                     delay: timedelta | None = row["delay"]
-                    run_at = now + delay if delay else now
+                    run_at = at + delay if delay else at
                 record.append(run_at)
             if limit:
                 record.append(row["max_attempts"])
-            if with_meta:
-                record.append(compact_json(row["meta"]))
+            if meta:
+                given = row.get("meta")
+                record.append(None if given is None else compact_json(given))
             yield tuple(record)
 
     copy_records(conn, table, columns, records())

@@ -160,16 +160,44 @@ class Enqueuer(Generic[M]):
         jobs, outcomes = self._written(session, rows, notify)
         return [EnqueueOutcome(job, outcome) for job, outcome in zip(jobs, outcomes, strict=True)]
 
-    def count(self, session: Session, rows: list[dict[str, Any]], payload_texts: list[str], *, notify: bool) -> int:
-        """Write ``rows`` as :meth:`many` does; return how many new jobs they made. Plain rows that
-        COPY writes (their payloads as ``payload_texts``, one per row) are not read back and have
-        no snapshot built, unless an enqueue hook is registered: hooks are given the jobs as written."""
-        if enqueue_hooks.HOOKS:
-            outcomes = self._written(session, rows, notify)[1]
-        else:
-            self._check_windows(rows)
-            outcomes = self._many(session, rows, notify, payload_texts=payload_texts)[1]
+    def count(self, session: Session, specs: list[Any], check: Callable[[Any], tuple[dict[str, Any], str]], *,
+              notify: bool) -> int:
+        """Write ``specs`` (``check``: a spec's checked row and its payload's JSON text) as
+        :meth:`many` writes their rows; return how many new jobs they made. Specs without a
+        dedupe key that COPY can write go through :meth:`_stream`, unless an enqueue hook is
+        registered (hooks are given the jobs as written): nothing is read back or built."""
+        if not enqueue_hooks.HOOKS and len(specs) >= bulk.COPY_THRESHOLD and all(
+                spec.dedupe_key is None for spec in specs):
+            streamed = self._stream(session, specs, check, notify)
+            if streamed is not None:
+                return streamed
+        outcomes = self._written(session, [check(spec)[0] for spec in specs], notify)[1]
         return sum(outcome == INSERTED for outcome in outcomes)
+
+    def _stream(self, session: Session, specs: list[Any], check: Callable[[Any], tuple[dict[str, Any], str]],
+                notify: bool) -> int | None:
+        """COPY plain ``specs``, each checked as it goes out (:func:`~sa_jobqueue.bulk.stream_new_rows`),
+        so that the client checks rows while the server stores the ones before; None where COPY
+        cannot stand in for the INSERT. The COPY runs in a SAVEPOINT: a spec that fails its
+        check rolls the rows sent before it back, and the caller's transaction goes on as if
+        the call had never been made."""
+        conn = self._copy_connection(session, specs)
+        if conn is None:
+            return None
+        runnable: set[str] = set()
+
+        def checked(spec: Any) -> tuple[dict[str, Any], str]:
+            row, text = check(spec)
+            if runnable_now(row):
+                runnable.add(row["queue"])
+            return row, text
+
+        with session.begin_nested():
+            session.connection()  # sends the SAVEPOINT now: the COPY goes to the driver, which SQLAlchemy does not see
+            bulk.stream_new_rows(session, conn, self.table, specs, checked, self._omissible)
+        if notify:
+            self.notify_queues(session, runnable)
+        return len(specs)
 
     def _check_windows(self, rows: list[dict[str, Any]]) -> None:
         """Raise :class:`InvalidArgumentError` when a row has a dedupe window and this table deletes finished jobs."""
@@ -194,11 +222,8 @@ class Enqueuer(Generic[M]):
 
         return run_hooked(hooks, self.table.name, rows, write), outcomes
 
-    def _many(self, session: Session, rows: list[dict[str, Any]], notify: bool, *,
-              payload_texts: list[str] | None = None) -> tuple[list[M], list[Outcome]]:
+    def _many(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> tuple[list[M], list[Outcome]]:
         # Plain rows are the bulk path: a job and a constant per row, no object of their own.
-        # With ``payload_texts`` (the rows' payloads as JSON), rows that COPY writes have no job:
-        # the caller counts outcomes.
         result: list[M | None] = [None] * len(rows)
         outcomes: list[Outcome] = [INSERTED] * len(rows)
         latest: dict[int, M] = {}  # each keyed job as the last statement of the call left it
@@ -208,8 +233,6 @@ class Enqueuer(Generic[M]):
                 for i, outcome in zip(indexes, self._insert_keyed_retrying(session, params), strict=True):
                     result[i], outcomes[i] = outcome.job, outcome.outcome
                     latest[outcome.job.id] = outcome.job
-                continue
-            if payload_texts is not None and self._copy_only(session, params, [payload_texts[i] for i in indexes]):
                 continue
             copied = self._copy(session, params)
             written = copied if copied is not None else self.snapshots.all(session.execute(self._insert, params).all())
@@ -340,18 +363,9 @@ class Enqueuer(Generic[M]):
             return None
         if self._sequence is None:
             self._sequence = bulk.sequence_of(session, self.table)
-        stored = bulk.copy_rows(session, conn, self.table, self._sequence, rows, self._defaults)
-        return [self.snapshots.of(values) for values in stored]
+        return bulk.copy_rows(session, conn, self.table, self._sequence, rows, self._defaults, self.snapshots.of)
 
-    def _copy_only(self, session: Session, rows: list[dict[str, Any]], payload_texts: list[str]) -> bool:
-        """COPY plain rows without reading anything back, when COPY can stand in for the INSERT."""
-        conn = self._copy_connection(session, rows)
-        if conn is None:
-            return False
-        bulk.copy_new_rows(session, conn, self.table, rows, payload_texts, self._omissible)
-        return True
-
-    def _copy_connection(self, session: Session, rows: list[dict[str, Any]]) -> Any | None:
+    def _copy_connection(self, session: Session, rows: list[Any]) -> Any | None:
         """The connection COPY writes ``rows`` on, or None where the INSERT must (see :mod:`sa_jobqueue.bulk`)."""
         if len(rows) < bulk.COPY_THRESHOLD or self._defaults is None:
             return None

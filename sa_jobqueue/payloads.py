@@ -61,7 +61,7 @@ def encode_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES, paramete
     except TypeError as exc:
         raise InvalidArgumentError(parameter, f"is not JSON serializable: {exc}") from None
     try:
-        size = len(encoded.encode("utf-8"))
+        size = len(encoded) if encoded.isascii() else len(encoded.encode("utf-8"))  # ASCII: one byte each
     except UnicodeEncodeError as exc:
         raise InvalidArgumentError(
             parameter,

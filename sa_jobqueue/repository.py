@@ -50,7 +50,7 @@ from .mixin import JobMixin, job_table
 from .reports import LeaseReport, QueueStats, ReapResult
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy, check_policy
 from .snapshot import Snapshots
-from .spec import JobSpec, check_specs, to_row
+from .spec import JobSpec, check_specs, checked_row, to_row
 from .states import CANCELLED, DEAD, DEFAULT_QUEUE, STATUSES
 
 M = TypeVar("M", bound=JobMixin)
@@ -156,9 +156,9 @@ class JobRepository(Generic[M]):
         dedupe key a live job holds makes none). Checked, written and notified as there, in the caller's
         transaction; where COPY writes the rows, nothing is read back and no snapshot is built."""
         session = check_session(session)
-        texts: list[str] = []
-        rows = [to_row(spec, self._user_columns, payload_texts=texts) for spec in check_specs(jobs)]
-        return self._enqueuer.count(session, rows, texts, notify=self.notify)
+        columns = self._user_columns
+        return self._enqueuer.count(session, check_specs(jobs), lambda spec: checked_row(spec, columns),
+                                    notify=self.notify)
 
     def enqueue_many_report(self, session: Session, jobs: Iterable[JobSpec]) -> list[EnqueueOutcome[M]]:
         """:meth:`enqueue_many`, with, per spec in input order, the job that won its place (new, or

@@ -157,11 +157,16 @@ def _check_extra(extra: object, user_columns: frozenset[str]) -> dict[str, Any]:
 
 
 def to_row(
-    spec: JobSpec, user_columns: frozenset[str], *, max_payload_bytes: int = MAX_PAYLOAD_BYTES,
-    payload_texts: list[str] | None = None,
+    spec: JobSpec, user_columns: frozenset[str], *, max_payload_bytes: int = MAX_PAYLOAD_BYTES
 ) -> dict[str, Any]:
-    """Check ``spec`` and return the INSERT parameters for it; append its payload's
-    :func:`~sa_jobqueue.jsontext.compact_json` to ``payload_texts`` when given."""
+    """Check ``spec`` and return the INSERT parameters for it."""
+    return checked_row(spec, user_columns, max_payload_bytes=max_payload_bytes)[0]
+
+
+def checked_row(
+    spec: JobSpec, user_columns: frozenset[str], *, max_payload_bytes: int = MAX_PAYLOAD_BYTES
+) -> tuple[dict[str, Any], str]:
+    """:func:`to_row`, and the payload as the :func:`~sa_jobqueue.jsontext.compact_json` its check made."""
     if not isinstance(spec, JobSpec):
         raise InvalidArgumentError("jobs", f"items must be JobSpec, got {type(spec).__name__}")
     if spec.run_at is not None and spec.delay is not None:
@@ -170,8 +175,6 @@ def to_row(
     task, queue = check_name("task", spec.task), check_name("queue", spec.queue)
     payload = {} if spec.payload is None else spec.payload
     text = encode_payload(payload, max_bytes=max_payload_bytes)  # checked in this order: the first error is raised
-    if payload_texts is not None:
-        payload_texts.append(text)
     row: dict[str, Any] = {
         "task": task,
         "queue": queue,
@@ -194,7 +197,7 @@ def to_row(
     extra = _check_extra(spec.extra, user_columns)
     if extra:
         row.update(extra)
-    return row
+    return row, text
 
 
 __all__ = [
@@ -202,6 +205,6 @@ __all__ = [
     "MAX_POLL_INTERVAL", "SCHEDULE_HORIZON", "JobSpec", "check_aware", "check_bool", "check_claimed",
     "check_claimed_many", "check_dedupe", "check_delay", "check_duration", "check_job_id", "check_lease", "check_name",
     "check_older_than", "check_payload", "check_poll_interval", "check_queues", "check_session", "check_specs",
-    "check_statuses", "check_task_limits", "check_text", "check_timeout", "check_worker_name", "clean_error",
-    "int_between", "positive_int", "shown", "text_problem", "to_row",
+    "check_statuses", "check_task_limits", "check_text", "check_timeout", "check_worker_name", "checked_row",
+    "clean_error", "int_between", "positive_int", "shown", "text_problem", "to_row",
 ]

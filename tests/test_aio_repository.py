@@ -182,6 +182,22 @@ async def test_enqueue_many_fast_copies_and_counts(
         assert {k: v for k, v in fast.items() if k != "id"} == {k: v for k, v in many.items() if k != "id"}
 
 
+async def test_enqueue_many_fast_refuses_a_bad_spec_mid_copy_and_writes_nothing(
+    sessions: async_sessionmaker[AsyncSession], engine: Engine
+) -> None:
+    """The spec is refused while the COPY streams, on both drivers: the SAVEPOINT rolls the rows
+    sent before it back, and the transaction goes on."""
+    specs = [JobSpec("noop", {"i": i}) for i in range(5_000)] + [JobSpec("noop", {"bad": {1, 2}})]
+    async with sessions() as session, session.begin():
+        await tasks.enqueue(session, "noop", {"before": True})
+        with pytest.raises(InvalidArgumentError, match="payload"):
+            await tasks.enqueue_many_fast(session, specs)
+        await tasks.enqueue(session, "noop", {"after": True})
+    with Session(engine) as session:
+        assert [job.payload for job in session.scalars(select(TaskJob).order_by(TaskJob.id))] == [
+            {"before": True}, {"after": True}]
+
+
 async def test_rows_with_columns_of_the_apps_own_take_the_insert(sessions: async_sessionmaker[AsyncSession]) -> None:
     specs = [JobSpec("mail", {"i": i}, extra={"tenant_id": i}) for i in range(COPY_THRESHOLD + 1)]
     async with sessions() as session, session.begin():

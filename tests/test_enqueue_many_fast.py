@@ -54,13 +54,15 @@ def test_it_stores_what_enqueue_many_stores_through_copy_alone(
 ) -> None:
     """Every column equals what enqueue_many stores for the same specs in the same
     transaction (the id aside), the ids follow the specs' order, and the only statements
-    are the transaction's now() and the NOTIFY: no INSERT, no id reservation."""
+    are the SAVEPOINT around the COPY, the transaction's now() and the NOTIFY: no INSERT,
+    no id reservation."""
     specs = _specs(COPY_THRESHOLD * 3, meta=meta)
     with sessions.begin() as session:
         with recorded_sql(engine) as sent:
             assert jobs.enqueue_many_fast(session, specs) == len(specs)
         returned = jobs.enqueue_many(session, specs)
-    assert len(sent) == 2 and sent[0] == "SELECT now()" and "pg_notify" in sent[1], sent
+    assert [s.split()[0] for s in sent] == ["SAVEPOINT", "SELECT", "RELEASE", "SELECT"], sent
+    assert sent[1] == "SELECT now()" and "pg_notify" in sent[3], sent
     with sessions() as session:
         rows = _rows(session, TaskJob)
     by_fast, by_many = rows[:len(specs)], rows[len(specs):]
@@ -79,7 +81,8 @@ def test_rows_that_all_have_a_run_at_need_no_round_trip_before_the_copy(
     with recorded_sql(engine) as sent, sessions.begin() as session:
         assert jobs.enqueue_many_fast(session, [JobSpec("noop", {"i": i}, run_at=at)
                                                 for i in range(COPY_THRESHOLD)]) == COPY_THRESHOLD
-    assert sent == [], "a future run_at notifies nothing, and COPY is not a cursor execute"
+    assert [s.split()[0] for s in sent] == ["SAVEPOINT", "RELEASE"], "a future run_at notifies nothing, " \
+        "and COPY is not a cursor execute"
     with sessions() as session:
         assert {row["run_at"] for row in _rows(session, TaskJob)} == {at}
 
@@ -92,7 +95,7 @@ def test_rows_at_the_defaults_leave_them_to_the_table(sessions: sessionmaker[Ses
         with recorded_sql(engine) as sent:
             jobs.enqueue_many_fast(session, specs)
         jobs.enqueue_many(session, specs)
-    assert len(sent) == 1 and "pg_notify" in sent[0], sent
+    assert [s.split()[0] for s in sent] == ["SAVEPOINT", "RELEASE", "SELECT"] and "pg_notify" in sent[2], sent
     with sessions() as session:
         rows = _rows(session, TaskJob)
     assert {(row["priority"], row["run_at"] == row["created_at"], row["max_attempts"]) for row in rows} == {
@@ -165,15 +168,25 @@ def test_it_commits_and_rolls_back_with_the_callers_transaction(sessions: sessio
     assert _count(sessions, TaskJob) == COPY_THRESHOLD * 2
 
 
-def test_a_bad_spec_writes_nothing_and_leaves_the_transaction_usable(sessions: sessionmaker[Session]) -> None:
-    specs = [*_specs(COPY_THRESHOLD * 2), JobSpec("noop", {"bad": float("nan")})]
+@pytest.mark.parametrize("at", [0, COPY_THRESHOLD, 20_000], ids=["first", "early", "after-20000-rows"])
+def test_a_bad_spec_writes_nothing_and_leaves_the_transaction_usable(sessions: sessionmaker[Session],
+                                                                      at: int) -> None:
+    """Specs are checked as they stream into the COPY: a refused one (the first, or one after
+    thousands of rows already sent) rolls the COPY back to its SAVEPOINT; the caller's writes
+    before and after it commit, and nothing of the call does."""
+    good = [JobSpec("noop", {"i": i}) for i in range(max(at, COPY_THRESHOLD))]
+    specs = [*good[:at], JobSpec("noop", {"bad": float("nan")}), *good[at:]]
     with sessions.begin() as session:
+        jobs.enqueue(session, "noop", {"before": True})
         with pytest.raises(InvalidArgumentError, match="payload"):
             jobs.enqueue_many_fast(session, specs)
+        with pytest.raises(InvalidArgumentError, match="priority"):
+            jobs.enqueue_many_fast(session, [*good, JobSpec("noop", priority=2**20)])
         with pytest.raises(InvalidArgumentError, match="jobs"):
-            jobs.enqueue_many_fast(session, [*_specs(COPY_THRESHOLD), {"task": "noop"}])  # type: ignore[list-item]
-        jobs.enqueue(session, "noop")
-    assert _count(sessions, TaskJob) == 1
+            jobs.enqueue_many_fast(session, [*good, {"task": "noop"}])  # type: ignore[list-item]
+        jobs.enqueue(session, "noop", {"after": True})
+    with sessions() as session:
+        assert [row["payload"] for row in _rows(session, TaskJob)] == [{"before": True}, {"after": True}]
 
 
 @contextmanager
