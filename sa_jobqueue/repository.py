@@ -154,7 +154,9 @@ class JobRepository(Generic[M]):
     def enqueue_many_fast(self, session: Session, jobs: Iterable[JobSpec]) -> int:
         """:meth:`enqueue_many` without the jobs: return how many new jobs the specs made (one whose
         dedupe key a live job holds makes none). Checked, written and notified as there, in the caller's
-        transaction; where COPY writes the rows, nothing is read back and no snapshot is built."""
+        transaction; where COPY writes the rows, nothing is read back and no snapshot is built, and each
+        spec is checked as its row goes out, in a SAVEPOINT: a bad spec raises
+        :class:`InvalidArgumentError` and nothing of the call is written."""
         session = check_session(session)
         columns = self._user_columns
         return self._enqueuer.count(session, check_specs(jobs), lambda spec: checked_row(spec, columns),
