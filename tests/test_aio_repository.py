@@ -6,7 +6,8 @@ for plain bulk rows, and bad input refused with nothing written."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -125,13 +126,17 @@ async def test_an_enqueue_notifies_the_tables_channel_at_commit(
 # -- enqueue_many: COPY on both drivers ------------------------------------------------
 
 
-async def test_plain_bulk_rows_go_through_copy_and_come_back_as_stored(
-    sessions: async_sessionmaker[AsyncSession], async_engine: AsyncEngine, engine: Engine
-) -> None:
+def _bulk_specs(*, meta: bool = False) -> list[JobSpec]:
+    """Enough specs for COPY, with a run_at, a delay, priorities, queues, a tuple, meta when asked."""
     at = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
-    specs = [JobSpec("noop", {"i": i, "t": (1, "a")}, queue=f"q{i % 2}", priority=i % 3,
-                     run_at=at if i % 4 == 0 else None, delay=timedelta(seconds=5) if i % 4 == 1 else None)
-             for i in range(COPY_THRESHOLD + 4)]
+    return [JobSpec("noop", {"i": i, "t": (1, "a")}, queue=f"q{i % 2}", priority=i % 3, meta={"m": i} if meta else None,
+                    run_at=at if i % 4 == 0 else None, delay=timedelta(seconds=5) if i % 4 == 1 else None)
+            for i in range(COPY_THRESHOLD + 4)]
+
+
+@contextmanager
+def _recorded(async_engine: AsyncEngine) -> Iterator[list[str]]:
+    """The statements the engine sends through a cursor inside the block (not COPY's data)."""
     sent: list[str] = []
 
     def record(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
@@ -139,10 +144,18 @@ async def test_plain_bulk_rows_go_through_copy_and_come_back_as_stored(
 
     event.listen(async_engine.sync_engine, "before_cursor_execute", record)
     try:
-        async with sessions() as session, session.begin():
-            written = await tasks.enqueue_many(session, specs)
+        yield sent
     finally:
         event.remove(async_engine.sync_engine, "before_cursor_execute", record)
+
+
+async def test_plain_bulk_rows_go_through_copy_and_come_back_as_stored(
+    sessions: async_sessionmaker[AsyncSession], async_engine: AsyncEngine, engine: Engine
+) -> None:
+    specs = _bulk_specs()
+    with _recorded(async_engine) as sent:
+        async with sessions() as session, session.begin():
+            written = await tasks.enqueue_many(session, specs)
     assert not [s for s in sent if s.lstrip().upper().startswith("INSERT")], "COPY should stand in for the INSERT"
     assert [j.payload for j in written] == [{"i": i, "t": [1, "a"]} for i in range(len(specs))]
     with Session(engine) as session:
@@ -156,23 +169,12 @@ async def test_enqueue_many_fast_copies_and_counts(
     sessions: async_sessionmaker[AsyncSession], async_engine: AsyncEngine, engine: Engine
 ) -> None:
     """The stored rows equal enqueue_many's (the id aside), through COPY alone, on both drivers."""
-    at = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
-    specs = [JobSpec("noop", {"i": i, "t": (1, "a")}, queue=f"q{i % 2}", priority=i % 3, meta={"m": i},
-                     run_at=at if i % 4 == 0 else None, delay=timedelta(seconds=5) if i % 4 == 1 else None)
-             for i in range(COPY_THRESHOLD + 4)]
-    sent: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
-        sent.append(statement)
-
-    event.listen(async_engine.sync_engine, "before_cursor_execute", record)
-    try:
+    specs = _bulk_specs(meta=True)
+    with _recorded(async_engine) as sent:
         async with sessions() as session, session.begin():
             assert await tasks.enqueue_many_fast(session, specs) == len(specs)
             assert await tasks.enqueue_many_fast(session, [JobSpec("noop", dedupe_key="k")] * 3) == 1
             await tasks.enqueue_many(session, specs)
-    finally:
-        event.remove(async_engine.sync_engine, "before_cursor_execute", record)
     assert not [s for s in sent[:2] if s.lstrip().upper().startswith("INSERT")], "COPY should stand in for the INSERT"
     with Session(engine) as session:
         rows = [_columns(job) for job in session.scalars(select(TaskJob).where(TaskJob.dedupe_key.is_(None))
