@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -69,8 +69,6 @@ _RESERVE = text(
 _SEQUENCE = text("SELECT pg_get_serial_sequence(:table, 'id')")
 
 _NOW = text("SELECT now()")
-# What stream_new_rows may leave to the table: each column, and the value its mixin default stores.
-_LEFT_OUT = {"priority": COLUMN_DEFAULTS["priority"], "run_at": NOW, "max_attempts": None}
 
 
 # Fewer rows than this go through INSERT: COPY's extra round trip (the id
@@ -122,6 +120,17 @@ def _default_sql(default: object) -> str:
     return repr(default)
 
 
+# What stream_new_rows may leave to the table, in COPY's column order: each column and the SQL its
+# default must be (None: no default, NULL) to store what a row at the mixin's default holds.
+_LEFT_OUT = {"priority": _default_sql(server_default("priority")), "run_at": "now()", "max_attempts": None}
+
+
+def _server_default_sql(column: Any) -> str | None:
+    """The SQL of ``column``'s server default, or None without one."""
+    given = column.server_default
+    return None if given is None else _default_sql(getattr(given, "arg", given))
+
+
 def stored_defaults(table: Table) -> dict[str, Any] | None:
     """What a row written by COPY stores in each column COPY leaves out: NULL
     (None) without a default, :data:`NOW` for ``now()``, else the value of
@@ -135,11 +144,10 @@ def stored_defaults(table: Table) -> dict[str, Any] | None:
             continue
         if column.default is not None:
             return None
-        given = column.server_default
-        if given is None:
+        sql_text = _server_default_sql(column)
+        if sql_text is None:
             defaults[column.key] = None
             continue
-        sql_text = _default_sql(getattr(given, "arg", given))
         if column.key in NOW_DEFAULTS and sql_text == "now()":
             defaults[column.key] = NOW
         elif column.key in COLUMN_DEFAULTS and sql_text == _default_sql(server_default(column.key)):
@@ -223,15 +231,8 @@ def omissible(table: Table) -> frozenset[str]:
     """The columns among ``priority``, ``run_at`` and ``max_attempts`` that :func:`stream_new_rows`
     may leave out of a COPY whose rows all hold its default (0, the transaction's ``now()``,
     NULL): those whose default on ``table`` stores exactly that."""
-    expected = {"priority": _default_sql(server_default("priority")), "run_at": "now()", "max_attempts": None}
-    found = set()
-    for key, sql_text in expected.items():
-        column = table.columns[key]
-        given = column.server_default
-        rendered = None if given is None else _default_sql(getattr(given, "arg", given))
-        if column.default is None and rendered == sql_text:
-            found.add(key)
-    return frozenset(found)
+    return frozenset(key for key, sql_text in _LEFT_OUT.items()
+                     if table.columns[key].default is None and _server_default_sql(table.columns[key]) == sql_text)
 
 
 def stream_new_rows(session: Session, conn: Any, table: Table, specs: Sequence[Any],
@@ -245,30 +246,18 @@ def stream_new_rows(session: Session, conn: Any, table: Table, specs: Sequence[A
     (:func:`omissible`) that every spec leaves at its default is not sent either, as the raw
     COPY of a loader would not. A spec that ``check`` refuses ends the COPY with its error,
     some rows sent: the caller runs this in a SAVEPOINT and rolls back to it then."""
-    sent = _sent(omissible, priority=any(spec.priority != _LEFT_OUT["priority"] for spec in specs),
-                 run_at=any(spec.run_at is not None or spec.delay is not None for spec in specs),
-                 max_attempts=any(spec.max_attempts is not None for spec in specs))
-    _copy_new(session, conn, table, (check(spec) for spec in specs), sent,
-              now=any(spec.run_at is None for spec in specs), meta=any(spec.meta is not None for spec in specs))
-
-
-def _sent(omissible: frozenset[str], *, priority: bool, run_at: bool, max_attempts: bool) -> frozenset[str]:
-    """The columns of :data:`_LEFT_OUT` a COPY sends: those the table's defaults would not
-    fill in as wanted, and those some row sets (``priority``, ``run_at``, ``max_attempts``)."""
-    set_by_rows = {"priority": priority, "run_at": run_at, "max_attempts": max_attempts}
-    return frozenset(key for key in _LEFT_OUT if key not in omissible or set_by_rows[key])
-
-
-def _copy_new(session: Session, conn: Any, table: Table, rows: Iterable[tuple[dict[str, Any], str]],
-              sent: frozenset[str], *, now: bool, meta: bool) -> None:
-    """COPY checked rows with their payloads' JSON text: ``task``, ``queue``, ``payload``, the
-    columns of ``sent`` and, with ``meta``, ``meta`` (NULL for a row without). ``now``: some row
-    has no ``run_at`` (one round trip reads the transaction's ``now()`` when ``run_at`` is sent)."""
+    set_by_specs = {"priority": any(spec.priority != COLUMN_DEFAULTS["priority"] for spec in specs),
+                    "run_at": any(spec.run_at is not None or spec.delay is not None for spec in specs),
+                    "max_attempts": any(spec.max_attempts is not None for spec in specs)}
+    sent = [key for key in _LEFT_OUT if key not in omissible or set_by_specs[key]]
     priority, run_at_sent, limit = "priority" in sent, "run_at" in sent, "max_attempts" in sent
-    at: datetime | None = session.execute(_NOW).scalar_one() if run_at_sent and now else None
-    columns = ["task", "queue", "payload", *(key for key in _LEFT_OUT if key in sent), *(["meta"] if meta else [])]
+    meta = any(spec.meta is not None for spec in specs)
+    now: datetime | None = None
+    if run_at_sent and any(spec.run_at is None for spec in specs):
+        now = session.execute(_NOW).scalar_one()
 
     def records() -> Iterator[tuple[Any, ...]]:
+        rows = (check(spec) for spec in specs)
         if not (priority or run_at_sent or limit or meta):  # rows at every default, as most bulk loads
             for row, payload in rows:
                 yield row["task"], row["queue"], payload
@@ -280,9 +269,9 @@ def _copy_new(session: Session, conn: Any, table: Table, rows: Iterable[tuple[di
             if run_at_sent:
                 run_at: datetime | None = row["run_at"]
                 if run_at is None:  # coalesce(run_at, now() + delay), as the INSERT computes it
-                    assert at is not None
+                    assert now is not None
                     delay: timedelta | None = row["delay"]
-                    run_at = at + delay if delay else at
+                    run_at = now + delay if delay else now
                 record.append(run_at)
             if limit:
                 record.append(row["max_attempts"])
@@ -291,4 +280,4 @@ def _copy_new(session: Session, conn: Any, table: Table, rows: Iterable[tuple[di
                 record.append(None if given is None else compact_json(given))
             yield tuple(record)
 
-    copy_records(conn, table, columns, records())
+    copy_records(conn, table, ["task", "queue", "payload", *sent, *(["meta"] if meta else [])], records())

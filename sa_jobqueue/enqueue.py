@@ -166,8 +166,7 @@ class Enqueuer(Generic[M]):
         :meth:`many` writes their rows; return how many new jobs they made. Specs without a
         dedupe key that COPY can write go through :meth:`_stream`, unless an enqueue hook is
         registered (hooks are given the jobs as written): nothing is read back or built."""
-        if not enqueue_hooks.HOOKS and len(specs) >= bulk.COPY_THRESHOLD and all(
-                spec.dedupe_key is None for spec in specs):
+        if not enqueue_hooks.HOOKS and all(spec.dedupe_key is None for spec in specs):
             streamed = self._stream(session, specs, check, notify)
             if streamed is not None:
                 return streamed
@@ -199,17 +198,13 @@ class Enqueuer(Generic[M]):
             self.notify_queues(session, runnable)
         return len(specs)
 
-    def _check_windows(self, rows: list[dict[str, Any]]) -> None:
-        """Raise :class:`InvalidArgumentError` when a row has a dedupe window and this table deletes finished jobs."""
-        if not self._keep_done and any(row.get(ROW_KEY) and row[ROW_KEY].window is not None for row in rows):
-            raise InvalidArgumentError("dedupe_key.window", f"counts finished jobs, which {self.table.name} does "
-                                       "not keep (set __keep_done__ = True on its model)")
-
     def _written(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> tuple[list[M], list[Outcome]]:
         """Write ``rows`` inside the enqueue hooks; each row's job and outcome. Raise
         :class:`InvalidArgumentError` before writing anything when a row has a dedupe
         window and this table deletes finished jobs."""
-        self._check_windows(rows)
+        if not self._keep_done and any(row.get(ROW_KEY) and row[ROW_KEY].window is not None for row in rows):
+            raise InvalidArgumentError("dedupe_key.window", f"counts finished jobs, which {self.table.name} does "
+                                       "not keep (set __keep_done__ = True on its model)")
         hooks = enqueue_hooks.HOOKS
         if not (hooks and rows):  # an empty enqueue_many writes nothing: nothing to wrap
             return self._many(session, rows, notify)
@@ -240,10 +235,10 @@ class Enqueuer(Generic[M]):
                 result[i] = job
         if notify:
             self.notify_queues(session, {row["queue"] for row in rows if runnable_now(row)})
-        written_jobs = [job for job in result if job is not None]
+        jobs = [job for job in result if job is not None]
         if latest:
-            written_jobs = [latest.get(job.id, job) for job in written_jobs]
-        return written_jobs, outcomes
+            jobs = [latest.get(job.id, job) for job in jobs]
+        return jobs, outcomes
 
     def _insert_keyed_retrying(self, session: Session, rows: list[dict[str, Any]]) -> list[EnqueueOutcome[M]]:
         """:meth:`_insert_keyed` in a SAVEPOINT, tried again when a key was
@@ -359,7 +354,7 @@ class Enqueuer(Generic[M]):
     def _copy(self, session: Session, rows: list[dict[str, Any]]) -> list[M] | None:
         """COPY plain rows when COPY can stand in for the INSERT (see :mod:`sa_jobqueue.bulk`)."""
         conn = self._copy_connection(session, rows)
-        if conn is None or self._defaults is None:
+        if conn is None or self._defaults is None:  # the second: for the type checker, _copy_connection saw to it
             return None
         if self._sequence is None:
             self._sequence = bulk.sequence_of(session, self.table)
