@@ -236,7 +236,8 @@ def omissible(table: Table) -> frozenset[str]:
 
 
 def stream_new_rows(session: Session, conn: Any, table: Table, specs: Sequence[Any],
-                    check: Callable[[Any], tuple[dict[str, Any], str]], omissible: frozenset[str]) -> None:
+                    check: Callable[[Any], tuple[dict[str, Any], str]], omissible: frozenset[str],
+                    plain: Callable[[Any], tuple[str, str, str] | None]) -> None:
     """COPY ``specs`` (:class:`~sa_jobqueue.JobSpec` without dedupe keys) into ``table`` on
     ``conn`` (:func:`~sa_jobqueue.copying.copy_connection`), each checked by ``check`` (its
     checked row and its payload's JSON text, :func:`~sa_jobqueue.jsontext.compact_json`) as it
@@ -244,8 +245,11 @@ def stream_new_rows(session: Session, conn: Any, table: Table, specs: Sequence[A
     :func:`copy_rows` writes them, but with the ids left to the table's identity and nothing
     known of them afterwards: no id reservation, no snapshot; and a column of ``omissible``
     (:func:`omissible`) that every spec leaves at its default is not sent either, as the raw
-    COPY of a loader would not. A spec that ``check`` refuses ends the COPY with its error,
-    some rows sent: the caller runs this in a SAVEPOINT and rolls back to it then."""
+    COPY of a loader would not. Where no such column is sent, each spec goes to ``plain``
+    first (:func:`~sa_jobqueue.spec.plain_fields`: its task, queue and payload text, checked,
+    or None for ``check`` to decide). A spec that ``check`` or ``plain`` refuses ends the COPY
+    with its error, some rows sent: the caller runs this in a SAVEPOINT and rolls back to it
+    then."""
     set_by_specs = {"priority": any(spec.priority != COLUMN_DEFAULTS["priority"] for spec in specs),
                     "run_at": any(spec.run_at is not None or spec.delay is not None for spec in specs),
                     "max_attempts": any(spec.max_attempts is not None for spec in specs)}
@@ -257,12 +261,15 @@ def stream_new_rows(session: Session, conn: Any, table: Table, specs: Sequence[A
         now = session.execute(_NOW).scalar_one()
 
     def records() -> Iterator[tuple[Any, ...]]:
-        rows = (check(spec) for spec in specs)
         if not (priority or run_at_sent or limit or meta):  # rows at every default, as most bulk loads
-            for row, payload in rows:
-                yield row["task"], row["queue"], payload
+            for spec in specs:
+                fields = plain(spec)
+                if fields is None:  # a field set in a way the plain check does not take (extra, a bool priority)
+                    row, payload = check(spec)
+                    fields = row["task"], row["queue"], payload
+                yield fields
             return
-        for row, payload in rows:
+        for row, payload in (check(spec) for spec in specs):
             record = [row["task"], row["queue"], payload]
             if priority:
                 record.append(row["priority"])

@@ -160,21 +160,22 @@ class Enqueuer(Generic[M]):
         jobs, outcomes = self._written(session, rows, notify)
         return [EnqueueOutcome(job, outcome) for job, outcome in zip(jobs, outcomes, strict=True)]
 
-    def count(self, session: Session, specs: list[Any], check: Callable[[Any], tuple[dict[str, Any], str]], *,
-              notify: bool) -> int:
-        """Write ``specs`` (``check``: a spec's checked row and its payload's JSON text) as
-        :meth:`many` writes their rows; return how many new jobs they made. Specs without a
-        dedupe key that COPY can write go through :meth:`_stream`, unless an enqueue hook is
-        registered (hooks are given the jobs as written): nothing is read back or built."""
+    def count(self, session: Session, specs: list[Any], check: Callable[[Any], tuple[dict[str, Any], str]],
+              plain: Callable[[Any], tuple[str, str, str] | None], *, notify: bool) -> int:
+        """Write ``specs`` (``check``: a spec's checked row and its payload's JSON text;
+        ``plain``: :func:`~sa_jobqueue.spec.plain_fields`) as :meth:`many` writes their rows;
+        return how many new jobs they made. Specs without a dedupe key that COPY can write go
+        through :meth:`_stream`, unless an enqueue hook is registered (hooks are given the jobs
+        as written): nothing is read back or built."""
         if not enqueue_hooks.HOOKS and all(spec.dedupe_key is None for spec in specs):
-            streamed = self._stream(session, specs, check, notify)
+            streamed = self._stream(session, specs, check, plain, notify)
             if streamed is not None:
                 return streamed
         outcomes = self._written(session, [check(spec)[0] for spec in specs], notify)[1]
         return sum(outcome == INSERTED for outcome in outcomes)
 
     def _stream(self, session: Session, specs: list[Any], check: Callable[[Any], tuple[dict[str, Any], str]],
-                notify: bool) -> int | None:
+                plain: Callable[[Any], tuple[str, str, str] | None], notify: bool) -> int | None:
         """COPY plain ``specs``, each checked as it goes out (:func:`~sa_jobqueue.bulk.stream_new_rows`),
         so that the client checks rows while the server stores the ones before; None where COPY
         cannot stand in for the INSERT. The COPY runs in a SAVEPOINT: a spec that fails its
@@ -191,9 +192,15 @@ class Enqueuer(Generic[M]):
                 runnable.add(row["queue"])
             return row, text
 
+        def checked_plain(spec: Any) -> tuple[str, str, str] | None:
+            fields = plain(spec)
+            if fields is not None:  # no run_at, no delay: runnable at once
+                runnable.add(fields[1])
+            return fields
+
         with session.begin_nested():
             session.connection()  # sends the SAVEPOINT now: the COPY goes to the driver, which SQLAlchemy does not see
-            bulk.stream_new_rows(session, conn, self.table, specs, checked, self._omissible)
+            bulk.stream_new_rows(session, conn, self.table, specs, checked, self._omissible, checked_plain)
         if notify:
             self.notify_queues(session, runnable)
         return len(specs)

@@ -50,7 +50,7 @@ from .mixin import JobMixin, job_table
 from .reports import LeaseReport, QueueStats, ReapResult
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy, check_policy
 from .snapshot import Snapshots
-from .spec import JobSpec, check_specs, checked_row, to_row
+from .spec import JobSpec, check_specs, checked_row, plain_fields, to_row
 from .states import CANCELLED, DEAD, DEFAULT_QUEUE, STATUSES
 
 M = TypeVar("M", bound=JobMixin)
@@ -160,7 +160,7 @@ class JobRepository(Generic[M]):
         session = check_session(session)
         columns = self._user_columns
         return self._enqueuer.count(session, check_specs(jobs), lambda spec: checked_row(spec, columns),
-                                    notify=self.notify)
+                                    plain_fields, notify=self.notify)
 
     def enqueue_many_report(self, session: Session, jobs: Iterable[JobSpec]) -> list[EnqueueOutcome[M]]:
         """:meth:`enqueue_many`, with, per spec in input order, the job that won its place (new, or
