@@ -39,3 +39,13 @@ def test_an_odd_number_of_rounds_is_refused_before_anything_runs() -> None:
         with pytest.raises(SystemExit) as info:
             compare.main(["main", "HEAD", "--rounds", rounds])
         assert info.value.code == 2
+
+
+def test_times_and_sizes_are_flagged_when_they_grow() -> None:
+    """Latency, RSS and the outbox's µs are costs: more is worse, less is an improvement."""
+    compare = _compare()
+    for name in ("latency-p50-a-4", "rss-total", "outbox-cpu-us", "outbox-wall-us", "outbox-python-us"):
+        grew = compare.report("before", "after", [({name: [100.0]}, {name: [130.0]})], 0.10, [])
+        fell = compare.report("before", "after", [({name: [100.0]}, {name: [70.0]})], 0.10, [])
+        assert grew.splitlines()[-1].endswith("| HIGHER |"), grew
+        assert fell.splitlines()[-1].endswith("| ok |"), fell
