@@ -26,6 +26,7 @@ caller's transaction.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from datetime import datetime, timezone
@@ -127,14 +128,15 @@ class Enqueuer(Generic[M]):
         self._notify = statements.notify()
         self._sequence: str | None = None  # the id sequence, read at the first COPY
 
-    def one(self, session: Session, row: dict[str, Any], *, notify: bool) -> M:
-        """Insert one row without a dedupe key; with ``notify``, wake its queue."""
+    def one(self, session: Session, row: dict[str, Any], *, notify: bool, payload_text: str | None = None) -> M:
+        """Insert one row without a dedupe key; with ``notify``, wake its queue.
+        ``payload_text``: the row's payload as its check encoded it, if known."""
         hooks = enqueue_hooks.HOOKS
-        if hooks:
+        if hooks:  # a hook may change the row: its payload is read back from the row as the hook left it
             return run_hooked(hooks, self.table.name, [row], lambda rows: [self._one(session, rows[0], notify)])[0]
-        return self._one(session, row, notify)
+        return self._one(session, row, notify, payload_text)
 
-    def _one(self, session: Session, row: dict[str, Any], notify: bool) -> M:
+    def _one(self, session: Session, row: dict[str, Any], notify: bool, payload_text: str | None = None) -> M:
         connection = self._insert_one.connection(session)
         if not (notify and runnable_now(row) and row["queue"] not in self.notified(session)):
             [inserted] = self._insert_one.rows(connection, row)
@@ -144,8 +146,8 @@ class Enqueuer(Generic[M]):
         if self._defaults is None:
             return self.snapshots.one(inserted)
         job_id, created_at, run_at = inserted[:3]  # a NOTIFY's column may follow
-        values = bulk.stored_row(bulk.left_out_values(self._defaults, created_at), job_id, row, run_at,
-                                 bulk.as_read_back(row["payload"]))
+        payload = bulk.as_read_back(row["payload"]) if payload_text is None else json.loads(payload_text)
+        values = bulk.stored_row(bulk.left_out_values(self._defaults, created_at), job_id, row, run_at, payload)
         if "meta" in row:
             values["meta"] = bulk.as_read_back(row["meta"])
         return self.snapshots.of(values)

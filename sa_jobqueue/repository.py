@@ -132,10 +132,10 @@ class JobRepository(Generic[M]):
             task=task, payload=payload, queue=queue, priority=priority, run_at=run_at,
             delay=delay, max_attempts=max_attempts, dedupe_key=dedupe_key, extra=extra or {}, meta=meta,
         )
-        row = to_row(spec, self._user_columns)
+        row, text = checked_row(spec, self._user_columns)
         if dedupe_key is not None:
             return self._enqueuer.many(session, [row], notify=self.notify)[0]
-        return self._enqueuer.one(session, row, notify=self.notify)
+        return self._enqueuer.one(session, row, notify=self.notify, payload_text=text)
 
     def enqueue_many(self, session: Session, jobs: Iterable[JobSpec]) -> list[M]:
         """Insert many jobs, one INSERT per group of like rows (batched by
