@@ -49,3 +49,10 @@ def test_times_and_sizes_are_flagged_when_they_grow() -> None:
         fell = compare.report("before", "after", [({name: [100.0]}, {name: [70.0]})], 0.10, [])
         assert grew.splitlines()[-1].endswith("| HIGHER |"), grew
         assert fell.splitlines()[-1].endswith("| ok |"), fell
+
+
+def test_the_raw_reference_of_the_outbox_is_a_control() -> None:
+    """The raw INSERT beside the outbox runs the same code for both revisions: its change is the machine's drift."""
+    text = _compare().report("before", "after", [({"outbox-raw-cpu-us": [100.0]}, {"outbox-raw-cpu-us": [130.0]})],
+                             0.10, [])
+    assert text.splitlines()[-1].endswith("| reference loop (drift) |"), text
