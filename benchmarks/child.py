@@ -6,7 +6,7 @@ peak RSS each reports are its own::
     python benchmarks/child.py sajq     DSN --path a|b|c|g|t --concurrency C [--service] [--rss-at N,...] [--sleep S]
                                         [--record] [--pooler]
     python benchmarks/child.py sajq-async DSN --path a|b|c|g|t --driver psycopg|asyncpg --concurrency C [--sleep S]
-    python benchmarks/child.py textbook DSN --concurrency C
+    python benchmarks/child.py textbook DSN --concurrency C [--ledger]
     python benchmarks/child.py batch    DSN --concurrency C [--service]
     python benchmarks/child.py produce-sajq | produce-raw DSN --jobs 200 --gap 0.02
 
@@ -56,6 +56,7 @@ from common import (  # noqa: E402
     BATCH_DELETE,
     CHANNEL,
     LEDGER,
+    LEDGER_INSERT,
     QUEUE,
     RAW_INSERT,
     TEXTBOOK_CLAIM,
@@ -313,8 +314,11 @@ class Loops:
             self.stamps.record(job_id)
 
     # The article's loop: claim one row, run it, delete it, commit; per job.
+    # With --ledger its handler writes the ledger row of paths b and c in the
+    # job's transaction: the same work as theirs, done naively.
     def textbook(self, index: int, conn: psycopg.Connection) -> None:
         done = self.ids[index]
+        ledger = self.args.ledger
         self.go.wait()
         with conn:
             while not self.stop.is_set():
@@ -323,6 +327,8 @@ class Loops:
                     conn.commit()
                     break
                 self.handle(row[0], row[1])
+                if ledger:
+                    conn.execute(LEDGER_INSERT, (row[0],))
                 conn.execute(TEXTBOOK_DELETE, (row[0],))
                 conn.commit()
                 done.append(row[0])
@@ -455,6 +461,7 @@ def main() -> None:
     parser.add_argument("--rss-at", default="", help="job counts at which to sample VmHWM")
     parser.add_argument("--record", action="store_true", help="sajq: report every handler run (id, time)")
     parser.add_argument("--pooler", action="store_true", help="sajq: through PgBouncer < 1.21 (no prepared statements)")
+    parser.add_argument("--ledger", action="store_true", help="textbook: the handler writes the job's ledger row")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--gap", type=float, default=0.02)
     args = parser.parse_args()

@@ -44,6 +44,7 @@ WHERE id = (
 RETURNING id, payload
 """
 TEXTBOOK_DELETE = f"DELETE FROM {TABLE} WHERE id = %s"
+LEDGER_INSERT = f"INSERT INTO {LEDGER} (job_id) VALUES (%s)"
 
 BATCH_CLAIM = f"""
 WITH picked AS (
