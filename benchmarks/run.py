@@ -12,7 +12,8 @@ that server), otherwise an embedded PostgreSQL. Every workload gets a fresh
 database cloned from a migrated template. Prints Markdown: each figure is
 the median of ``--runs`` runs, with its ratio to the raw psycopg
 reference loops of the same run (the article's textbook loop, the same
-loop writing the handlers' ledger row, and a batch loop), then the project's throughput targets with MET / MISSED. Each drain checks that
+loop writing the handlers' ledger row, and a batch loop), then the
+project's throughput targets with MET / MISSED. Each drain checks that
 every job ran exactly once and the run fails (exit 1) otherwise.
 See docs/benchmarks.md.
 """
