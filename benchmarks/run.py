@@ -62,6 +62,8 @@ GROUPS = {"drain": ("textbook", "textbook-row", "batch", "drain-a", "drain-b", "
 # The raw loops; "textbook-row" is the textbook loop whose handler writes the ledger row of paths b, c, g
 # and t in the job's transaction: the same work as theirs, done naively.
 RAW_LOOPS = ("textbook", "textbook-row", "batch")
+# The paths whose handler writes the ledger row (checked after each drain, and compared with "textbook-row").
+LEDGER_PATHS = ("b", "c", "g", "t")
 PATHS = {
     "a": "lease + batched completion (handler without session)",
     "b": "lease + completion in the job's session (ledger row)",
@@ -369,18 +371,12 @@ class Bench:
                 problems.append(f"{len(done) - len(set(done))} job(s) ran more than once")
             if set(done) != set(ids):
                 problems.append(f"{len(set(ids) - set(done))} job(s) never ran")
-            if kind == "textbook-row" and (len(ledger) != len(ids) or set(ledger) != set(ids)):
-                problems.append(f"{len(ledger)} ledger rows for {len(ids)} jobs")
         else:
             result = out["result"]
             if result["completed"] != len(ids) or result["retried"] or result["dead"] or result["lost"]:
                 problems.append(f"WorkerResult {result} for {len(ids)} jobs")
-            if kind in ("b", "c", "g", "t"):
-                if len(ledger) != len(ids) or set(ledger) != set(ids):
-                    problems.append(
-                        f"{len(ledger)} ledger rows for {len(ids)} jobs "
-                        f"({len(set(ids) - set(ledger))} missing)"
-                    )
+        if kind in ("textbook-row", *LEDGER_PATHS) and (len(ledger) != len(ids) or set(ledger) != set(ids)):
+            problems.append(f"{len(ledger)} ledger rows for {len(ids)} jobs ({len(set(ids) - set(ledger))} missing)")
         if problems:
             raise BenchmarkError(f"{label}: exactly-once check FAILED: " + "; ".join(problems))
 
@@ -598,7 +594,7 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
     for kind, label in drains:
         for c in args.concurrency:
             name = f"drain-{kind}-{c}"
-            same_work = ratio(m.get(name), m.get(f"drain-textbook-row-{c}")) if kind in ("b", "c", "g", "t") else None
+            same_work = ratio(m.get(name), m.get(f"drain-textbook-row-{c}")) if kind in LEDGER_PATHS else None
             row(label, str(c), m.get(name), "jobs/s", m.get(f"drain-textbook-{c}"), m.get(f"drain-batch-{c}"),
                 f"{rx(same_work)} the textbook loop writing the row" if same_work is not None else "—")
     if bench.wanted("drain-async"):

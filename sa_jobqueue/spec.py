@@ -210,9 +210,7 @@ def checked_row(
     # The fields a spec leaves at their defaults pass without a call each: a
     # bulk enqueue checks thousands of specs, most of them so.
     dedupe = None if spec.dedupe_key is None else check_dedupe(spec.dedupe_key)
-    task, queue = check_name("task", spec.task), check_name("queue", spec.queue)
-    payload = {} if spec.payload is None else spec.payload
-    text = encode_payload(payload, max_bytes=max_payload_bytes)  # checked in this order: the first error is raised
+    task, queue, payload, text = _names_and_payload(spec, max_payload_bytes)
     priority = spec.priority
     if type(priority) is not int or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         priority = int_between("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
@@ -251,12 +249,20 @@ def plain_fields(spec: object, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES) ->
     What a bulk load of plain jobs needs, without the row's dictionary
     :func:`checked_row` builds (a container the cyclic garbage collector
     then tracks, one per job)."""
-    if (type(spec) is not JobSpec or spec.priority != 0 or type(spec.priority) is not int
+    if (type(spec) is not JobSpec or type(spec.priority) is not int or spec.priority != 0
             or spec.run_at is not None or spec.delay is not None or spec.max_attempts is not None
             or spec.dedupe_key is not None or spec.meta is not None or type(spec.extra) is not dict or spec.extra):
         return None
+    task, queue, _, text = _names_and_payload(spec, max_payload_bytes)
+    return task, queue, text
+
+
+def _names_and_payload(spec: JobSpec, max_payload_bytes: int) -> tuple[str, str, Any, str]:
+    """``spec``'s task and queue, its payload (``{}`` for None) and the payload's JSON text,
+    checked in this order, so that the first error is the one raised."""
     task, queue = check_name("task", spec.task), check_name("queue", spec.queue)
-    return task, queue, encode_payload({} if spec.payload is None else spec.payload, max_bytes=max_payload_bytes)
+    payload = {} if spec.payload is None else spec.payload
+    return task, queue, payload, encode_payload(payload, max_bytes=max_payload_bytes)
 
 
 __all__ = [
