@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import AdaptedConnection, Dialect
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import Executable
 
@@ -67,10 +67,10 @@ class DirectStatement:
     def rows(self, connection: Connection, params: Mapping[str, Any]) -> Sequence[Any]:
         """Execute on ``connection`` (in its current transaction) and return all rows, as tuples."""
         dbapi_connection = connection.connection.dbapi_connection
-        direct = self._direct(connection, params) if isinstance(dbapi_connection, psycopg.Connection) else None
+        direct = self._direct(connection, params) if _on_psycopg(dbapi_connection) else None
         if direct is None:
             return connection.execute(self.statement, params).all()
-        assert isinstance(dbapi_connection, psycopg.Connection)
+        assert dbapi_connection is not None
         sent = {**direct.values, **params} if direct.values else dict(params)
         for name, convert in direct.convert.items():
             sent[name] = convert(sent[name])
@@ -78,7 +78,7 @@ class DirectStatement:
         try:
             cursor.execute(direct.sql, sent)
             return cursor.fetchall()
-        except psycopg.Error as exc:
+        except psycopg.Error as exc:  # the async adapter raises the driver's errors as they are
             raise _wrapped(connection, direct.sql, sent, exc, cursor) from exc
         finally:
             cursor.close()
@@ -96,6 +96,16 @@ class DirectStatement:
             converts = any(_reads(kind, dialect) for kind in self.results)
             compiled = self._compiled[key] = None if converts else _compile(self.statement, dialect, key[1])
             return compiled
+
+
+def _on_psycopg(dbapi_connection: Any) -> bool:
+    """Whether ``dbapi_connection`` is psycopg 3's: its own (sync), or SQLAlchemy's
+    DBAPI adapter around an ``AsyncConnection`` (an ``AsyncSession``'s, run in
+    its greenlet), whose cursor's ``execute`` awaits the driver's."""
+    if isinstance(dbapi_connection, psycopg.Connection):
+        return True
+    return isinstance(dbapi_connection, AdaptedConnection) and isinstance(
+        dbapi_connection.driver_connection, psycopg.AsyncConnection)
 
 
 def _observed(connection: Connection) -> bool:

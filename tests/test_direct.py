@@ -3,22 +3,25 @@ in the session's transaction, as SQLAlchemy would send them where anything could
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from jobapp import Ledger, TaskJob, jobs, reports
-from sqlalchemy import Engine, create_engine, event, func, insert, select, text
+from sqlalchemy import Engine, Integer, bindparam, create_engine, event, func, insert, select, text
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 from waiting import backend_exists, wait_for
 
 from sa_jobqueue import JobLostError
+from sa_jobqueue.aio import AsyncJobRepository
 from sa_jobqueue.direct import DirectStatement
 
 LEASE = timedelta(minutes=5)
+async_jobs = AsyncJobRepository(TaskJob)
 
 
 def _claimed(sessions: sessionmaker[Session], repo: Any = jobs) -> Any:
@@ -140,7 +143,6 @@ def test_a_lost_connection_invalidates_it(engine: Engine, sessions: sessionmaker
         assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
 
 
-
 def test_parameters_go_through_their_types_as_sqlalchemy_sends_them(engine: Engine) -> None:
     table = TaskJob.__table__
     direct = DirectStatement(insert(table).returning(table.c.id, table.c.payload),  # type: ignore[attr-defined]
@@ -153,3 +155,94 @@ def test_parameters_go_through_their_types_as_sqlalchemy_sends_them(engine: Engi
         assert conn.execute(select(TaskJob.queue, TaskJob.payload).where(TaskJob.id == other[0])).one() == (
             "other", None)
         conn.rollback()
+
+
+# -- an AsyncSession's statements: psycopg's async driver through SQLAlchemy's DBAPI adapter -----------------
+
+
+@pytest.mark.anyio
+async def test_an_async_connection_on_psycopg_sends_them_straight_asyncpg_through_sqlalchemy(
+    async_engine: AsyncEngine, async_driver: str
+) -> None:
+    direct = DirectStatement(select(func.pg_backend_pid().label("pid"), bindparam("n", type_=Integer).label("n")))
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    async with async_engine.connect() as conn:
+        [row] = await conn.run_sync(lambda sync: direct.rows(sync, {"n": 7}))
+        # psycopg's own row on psycopg; asyncpg's adapter is left to SQLAlchemy (docs/architecture.md)
+        assert (type(row) is tuple) is (async_driver == "psycopg") and row[1] == 7
+        event.listen(async_engine.sync_engine, "before_cursor_execute", record)
+        try:
+            [row] = await conn.run_sync(lambda sync: direct.rows(sync, {"n": 8}))
+        finally:
+            event.remove(async_engine.sync_engine, "before_cursor_execute", record)
+        assert type(row) is not tuple and row.n == 8 and len(seen) == 1  # a listener sees every statement
+
+
+@pytest.fixture
+async def async_psycopg(db_url: Any, engine: Engine) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    made = create_async_engine(db_url.set(drivername="postgresql+psycopg"))
+    try:
+        yield async_sessionmaker(made, expire_on_commit=False)
+    finally:
+        await made.dispose()
+
+
+@pytest.mark.anyio
+async def test_an_async_completion_commits_with_the_sessions_writes_or_not_at_all(
+    sessions: sessionmaker[Session], async_psycopg: async_sessionmaker[AsyncSession]
+) -> None:
+    kept, dropped = _claimed(sessions), _claimed(sessions)
+    async with async_psycopg.begin() as session:
+        session.add(Ledger(job_id=kept.id))
+        await async_jobs.complete(session, kept)
+    async with async_psycopg() as session:
+        session.add(Ledger(job_id=dropped.id))
+        await async_jobs.complete(session, dropped)
+        await session.rollback()
+    with sessions() as session:
+        assert list(session.scalars(select(Ledger.job_id))) == [kept.id]
+        assert [j.id for j in session.scalars(select(TaskJob))] == [dropped.id]
+
+
+@pytest.mark.anyio
+async def test_an_async_driver_error_is_sqlalchemys_error_and_leaves_the_connection(
+    sessions: sessionmaker[Session], async_psycopg: async_sessionmaker[AsyncSession], locker: Any
+) -> None:
+    job = _claimed(sessions)
+    locker.execute(select(TaskJob.id).where(TaskJob.id == job.id).with_for_update())
+    async with async_psycopg() as session:
+        await session.execute(text("SET LOCAL lock_timeout = '50ms'"))
+        with pytest.raises(sa_exc.OperationalError) as raised:
+            await async_jobs.complete(session, job)
+        assert isinstance(raised.value.orig, psycopg.errors.LockNotAvailable)
+        assert not raised.value.connection_invalidated
+        assert "DELETE FROM task_jobs" in str(raised.value)
+        await session.rollback()
+        assert await session.scalar(text("SELECT 1")) == 1  # the connection still serves
+    locker.rollback()
+    async with async_psycopg.begin() as session:
+        await async_jobs.complete(session, job)
+
+
+@pytest.mark.anyio
+async def test_a_lost_async_connection_invalidates_it(
+    engine: Engine, sessions: sessionmaker[Session], async_psycopg: async_sessionmaker[AsyncSession]
+) -> None:
+    job = _claimed(sessions)
+    async with async_psycopg() as session:
+        connection = await session.connection()
+        pid = await connection.scalar(select(func.pg_backend_pid()))
+        with engine.connect() as killer:
+            killer.execute(select(func.pg_terminate_backend(pid)))
+            killer.commit()
+        wait_for(lambda: not backend_exists(engine, pid), 30, "the backend gone")
+        with pytest.raises(sa_exc.DBAPIError) as raised:
+            await async_jobs.complete(session, job)
+        assert raised.value.connection_invalidated and connection.invalidated
+    async with async_psycopg.begin() as session:  # the pool gave the broken connection up
+        await async_jobs.complete(session, job)
+        assert await session.scalar(select(func.count()).select_from(TaskJob)) == 0
