@@ -5,10 +5,14 @@ around it (the compiled cache lookup, an execution context, a result
 object) cost as much Python as psycopg's sending and receiving it. A
 :class:`DirectStatement` is compiled once per dialect and then executed on
 the session's own DBAPI connection, in the session's transaction, so it
-commits or rolls back with it exactly as before.
+commits or rolls back with it exactly as before. An ``AsyncSession`` on
+psycopg (run in its greenlet, as ``run_sync`` does) has SQLAlchemy's DBAPI
+adapter of psycopg's ``AsyncConnection`` as that connection: its cursor is
+the one SQLAlchemy itself executes on.
 
 It falls back to ``Connection.execute`` whenever skipping SQLAlchemy could
-be seen: a connection that is not psycopg 3's, a statement whose
+be seen: a connection that is not psycopg 3's (asyncpg's adapter keeps
+per-statement state that SQLAlchemy's execution context sets), a statement whose
 returned columns need a type's result processor, an engine with ``echo`` or with
 listeners for ``before_cursor_execute``, ``after_cursor_execute`` or
 ``handle_error`` other than the worker's own (SQL logging, tracing, error translation see every
