@@ -15,8 +15,9 @@ snapshots built here equal what ``RETURNING`` would have returned.
 Used by :meth:`JobRepository.enqueue_many` for rows without a dedupe key
 (COPY has no ``ON CONFLICT``), on job tables without columns of the user's
 own (whose defaults the client cannot know) and whose job columns keep the
-mixin's defaults, when the session's driver is psycopg 3 (sync or async) or
-asyncpg (:mod:`sa_jobqueue.copying`). Anything else
+mixin's defaults and types SQLAlchemy sends as they are (:func:`sent_as_is`),
+when the session's driver is psycopg 3 (sync or async) or asyncpg
+(:mod:`sa_jobqueue.copying`). Anything else
 takes the INSERT path. The COPY runs on the session's own connection and
 transaction: it commits or rolls back with the caller's writes.
 SQLAlchemy's ``before_cursor_execute`` events do not see it. The one-row
@@ -43,9 +44,11 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Table, TextClause, bindparam, text
+from sqlalchemy import JSON, ColumnElement, Table, TextClause, bindparam, text
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
-from sqlalchemy.types import String
+from sqlalchemy.types import String, TypeDecorator, UserDefinedType
 
 from .copying import copy_records
 from .dedupe import ROW_KEY
@@ -58,6 +61,7 @@ T = TypeVar("T")
 # (rows are copied in groups of one shape, see write_order): rows without it send what they always sent.
 _COPIED = ("id", "task", "queue", "payload", "priority", "run_at", "max_attempts")
 _COPIED_META = (*_COPIED, "meta")
+_JSON_COPIED = ("payload", "meta")  # sent as their JSON text (compact_json)
 # A column defaulting to now(), in stored_defaults(): the transaction's now() once known.
 NOW = object()
 
@@ -129,6 +133,29 @@ def _server_default_sql(column: Any) -> str | None:
     """The SQL of ``column``'s server default, or None without one."""
     given = column.server_default
     return None if given is None else _default_sql(getattr(given, "arg", given))
+
+
+def sent_as_is(table: Table) -> bool:
+    """Whether COPY writes what an INSERT would: every column COPY may send has a
+    type SQLAlchemy hands to the driver unchanged (``payload`` and ``meta``: a JSON
+    type, sent as the JSON text COPY writes). A column of a type with processing of
+    its own (a ``TypeDecorator`` that encrypts a payload, a user-defined type) takes
+    the INSERT, where SQLAlchemy applies it: COPY would store the value unprocessed.
+    Types are read as PostgreSQL's dialect sees them (a variant for it counts)."""
+    make: Callable[[], Dialect] = psycopg_dialect.dialect  # PostgreSQL's types and variants: any of its drivers'
+    dialect = make()
+    for key in _COPIED_META:
+        if key not in table.c:
+            continue
+        kind = table.c[key].type.dialect_impl(dialect)
+        if isinstance(kind, (TypeDecorator, UserDefinedType)):
+            return False
+        if key in _JSON_COPIED:
+            if not isinstance(kind, JSON):
+                return False
+        elif kind.bind_processor(dialect) is not None:
+            return False
+    return True
 
 
 def stored_defaults(table: Table) -> dict[str, Any] | None:

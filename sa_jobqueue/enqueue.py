@@ -99,8 +99,9 @@ class Enqueuer(Generic[M]):
         self.table = table
         self.snapshots = snapshots
         self.channel = channel
-        # What COPY leaves to the table's defaults; None: this table takes INSERT only.
-        self._defaults = bulk.stored_defaults(table) if copy else None
+        # What COPY leaves to the table's defaults; None: this table takes INSERT only (columns of the
+        # application's own, defaults the client cannot know, or types COPY would not apply).
+        self._defaults = bulk.stored_defaults(table) if copy and bulk.sent_as_is(table) else None
         self._omissible = bulk.omissible(table)  # what enqueue_many_fast's COPY may leave to the table
         # Statements are values: built once, reused with new parameters, so the
         # hot path skips construction and hits SQLAlchemy's compiled cache.
