@@ -38,7 +38,6 @@ spec rolls back: nothing of the call is written then).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
@@ -199,11 +198,6 @@ def stored_row(left_out: dict[str, Any], job_id: int, row: dict[str, Any], run_a
             "priority": row["priority"], "run_at": run_at, "max_attempts": row["max_attempts"]}
 
 
-def as_read_back(value: Any) -> Any:
-    """A checked JSON value as jsonb gives it back: a copy, tuples become lists."""
-    return json.loads(compact_json(value))
-
-
 def sequence_of(session: Session, table: Table) -> str:
     """The identity sequence behind ``table.id``, schema-qualified and quoted."""
     name = session.connection().dialect.identifier_preparer.format_table(table)
@@ -215,14 +209,15 @@ def sequence_of(session: Session, table: Table) -> str:
 
 def copy_rows(
     session: Session, conn: Any, table: Table, sequence: str, rows: Sequence[dict[str, Any]],
-    defaults: dict[str, Any], snapshot: Callable[[dict[str, Any]], T],
+    defaults: dict[str, Any], snapshot: Callable[[dict[str, Any]], T], loads: Callable[[str], Any],
 ) -> list[T]:
     """COPY checked rows (from :func:`~sa_jobqueue.spec.to_row`) into ``table``,
     whose :func:`stored_defaults` are ``defaults``, on ``conn``
     (:func:`~sa_jobqueue.copying.copy_connection` of ``session``).
 
     Return, per row in input order, ``snapshot`` of every column's value as stored (a
-    mapping of its own, which ``snapshot`` may keep).
+    mapping of its own, which ``snapshot`` may keep), its JSON columns read back from
+    their text by ``loads`` (:func:`~sa_jobqueue.snapshot.json_loads`: as the driver reads them).
     """
     reserved = session.execute(_RESERVE, {"sequence": sequence, "n": len(rows)}).one()
     now: datetime = reserved.now
@@ -240,12 +235,12 @@ def copy_rows(
             delay: timedelta | None = row["delay"]
             run_at = row["run_at"] or (now + delay if delay else now)
             # As read back from jsonb: tuples become lists, keys strings.
-            values = stored_row(left_out, job_id, row, run_at, json.loads(encoded))
+            values = stored_row(left_out, job_id, row, run_at, loads(encoded))
             record: tuple[Any, ...] = (
                 job_id, row["task"], row["queue"], encoded, row["priority"], run_at, row["max_attempts"])
             if with_meta:
                 meta = compact_json(row["meta"])
-                values["meta"] = json.loads(meta)
+                values["meta"] = loads(meta)
                 record = (*record, meta)
             made.append(snapshot(values))
             yield record

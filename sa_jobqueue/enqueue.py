@@ -26,7 +26,6 @@ caller's transaction.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from datetime import datetime, timezone
@@ -42,9 +41,10 @@ from .dedupe import DEBOUNCED, DUPLICATE, INSERTED, REPLACED, ROW_KEY, Dedupe, E
 from .direct import DirectStatement
 from .enqueue_hooks import EnqueueHook, Enqueueing
 from .errors import InvalidArgumentError
+from .jsontext import compact_json
 from .mixin import JobMixin
 from .payloads import check_meta
-from .snapshot import Snapshots
+from .snapshot import Snapshots, json_loads
 
 M = TypeVar("M", bound=JobMixin)
 
@@ -147,10 +147,12 @@ class Enqueuer(Generic[M]):
         if self._defaults is None:
             return self.snapshots.one(inserted)
         job_id, created_at, run_at = inserted[:3]  # a NOTIFY's column may follow
-        payload = bulk.as_read_back(row["payload"]) if payload_text is None else json.loads(payload_text)
+        # Read back as the driver reads jsonb (the engine's json_deserializer, if any): tuples become lists.
+        loads = json_loads(connection)
+        payload = loads(compact_json(row["payload"]) if payload_text is None else payload_text)
         values = bulk.stored_row(bulk.left_out_values(self._defaults, created_at), job_id, row, run_at, payload)
         if "meta" in row:
-            values["meta"] = bulk.as_read_back(row["meta"])
+            values["meta"] = loads(compact_json(row["meta"]))
         return self.snapshots.of(values)
 
     def many(self, session: Session, rows: list[dict[str, Any]], *, notify: bool) -> list[M]:
@@ -368,7 +370,8 @@ class Enqueuer(Generic[M]):
             return None
         if self._sequence is None:
             self._sequence = bulk.sequence_of(session, self.table)
-        return bulk.copy_rows(session, conn, self.table, self._sequence, rows, self._defaults, self.snapshots.of)
+        return bulk.copy_rows(session, conn, self.table, self._sequence, rows, self._defaults, self.snapshots.of,
+                              json_loads(session.connection()))
 
     def _copy_connection(self, session: Session, rows: list[Any]) -> Any | None:
         """The connection COPY writes ``rows`` on, or None where the INSERT must (see :mod:`sa_jobqueue.bulk`)."""

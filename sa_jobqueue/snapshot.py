@@ -45,17 +45,19 @@ _JSON_LOADS: JsonLoads = json.loads
 def json_loads(connection: Connection) -> JsonLoads:
     """How ``connection``'s driver decodes a ``jsonb`` value, as a function of its JSON text.
 
-    On psycopg 3: the loader the connection itself uses for ``jsonb`` (the
-    engine's ``json_deserializer`` when one was given, which SQLAlchemy
-    installs there), fed what psycopg feeds it, the text's bytes; when that
-    loader is psycopg's default, :func:`json.loads` on the text itself (the
-    same result, without the encoding). Other drivers: SQLAlchemy's own
-    result processing of a JSON column, which applies the engine's
-    ``json_deserializer`` (default :func:`json.loads`) to the text, as
-    psycopg2 does.
+    On psycopg 3 (sync or async): the loader the connection itself uses for
+    ``jsonb`` (the engine's ``json_deserializer`` when one was given, which
+    SQLAlchemy installs there), fed what psycopg feeds it, the text's bytes;
+    when that loader is psycopg's default, :func:`json.loads` on the text
+    itself (the same result, without the encoding). Other drivers:
+    SQLAlchemy's own result processing of a JSON column, which applies the
+    engine's ``json_deserializer`` (default :func:`json.loads`) to the text,
+    as psycopg2 does; or, where the driver decodes ``jsonb`` itself (asyncpg),
+    the ``json_deserializer`` SQLAlchemy gives the driver, which it calls with
+    the text.
     """
     raw = connection.connection.driver_connection
-    if isinstance(raw, psycopg.Connection):
+    if isinstance(raw, (psycopg.Connection, psycopg.AsyncConnection)):
         jsonb = raw.adapters.types.get("jsonb")
         loader_type = None if jsonb is None else raw.adapters.get_loader(jsonb.oid, Format.TEXT)
         if jsonb is not None and loader_type is not None:
@@ -64,8 +66,12 @@ def json_loads(connection: Connection) -> JsonLoads:
                 return _JSON_LOADS
             load = loader.load
             return lambda text: load(text.encode())
-    processor = JSON().result_processor(connection.dialect, None)
-    return _JSON_LOADS if processor is None else processor
+    dialect = connection.dialect
+    processor = JSON().result_processor(dialect, None)
+    if processor is not None:
+        return processor
+    # The driver decodes jsonb: with the engine's json_deserializer, installed by SQLAlchemy, if given one.
+    return dialect._json_deserializer or _JSON_LOADS
 
 
 class Snapshots(Generic[M]):

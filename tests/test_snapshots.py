@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -13,10 +14,12 @@ from jobapp import EmailJob, TaskJob, emails, jobs
 from sqlalchemy import DateTime, Engine, create_engine, func, select, text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqllog import recorded_sql
 
 from sa_jobqueue import JobMixin, JobRepository, JobSpec
+from sa_jobqueue.aio import AsyncJobRepository
 from sa_jobqueue.bulk import COPY_THRESHOLD, NOW, stored_defaults
 from sa_jobqueue.mixin import COLUMN_DEFAULTS
 
@@ -243,3 +246,45 @@ def test_a_claim_decodes_payloads_as_the_driver_loads_them(
         assert all(p["decoded by"] == "the application" for p in claimed.values())
         # Given bytes by the claim as by psycopg: once per row each.
         assert LOADED == [bytes] * (2 * len(PAYLOADS))
+
+
+def _decimal_loads(value: str | bytes) -> Any:
+    return json.loads(value, parse_float=Decimal)
+
+
+@pytest.mark.parametrize("count", [1, COPY_THRESHOLD], ids=["enqueue", "enqueue_many through COPY"])
+def test_enqueued_snapshots_read_json_as_the_engine_does(db_url: URL, engine: Engine, count: int) -> None:
+    """With the engine's own ``json_deserializer``, the jobs an enqueue hands back hold
+    the payload and meta the stored row gives (Decimal here, not float)."""
+    custom = create_engine(db_url, json_deserializer=_decimal_loads)
+    try:
+        with Session(custom) as session, session.begin():
+            specs = [JobSpec("noop", {"x": 1.5, "i": i}, meta={"w": 0.25}) for i in range(count)]
+            made = [jobs.enqueue(session, "noop", {"x": 1.5, "i": 0}, meta={"w": 0.25})] if count == 1 else (
+                jobs.enqueue_many(session, specs))
+        with Session(custom) as session:
+            _assert_equal_to_rows(session, made)
+    finally:
+        custom.dispose()
+    assert [(type(job.payload["x"]), type(job.meta["w"])) for job in made] == [(Decimal, Decimal)] * count
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+async def test_enqueued_snapshots_read_json_as_the_async_engine_does(db_url: URL, engine: Engine, driver: str) -> None:
+    """The same on an AsyncSession, each async driver, and for the claim."""
+    custom = create_async_engine(db_url.set(drivername=f"postgresql+{driver}"), json_deserializer=_decimal_loads)
+    repo = AsyncJobRepository(TaskJob)
+    try:
+        async with AsyncSession(custom) as session, session.begin():
+            one = await repo.enqueue(session, "noop", {"x": 1.5})
+            many = await repo.enqueue_many(session, [JobSpec("noop", {"x": 2.5}) for _ in range(COPY_THRESHOLD)])
+        async with AsyncSession(custom) as session:
+            stored = {job.id: job.payload for job in await session.scalars(select(TaskJob))}
+        async with AsyncSession(custom) as session, session.begin():
+            claimed = await repo.claim(session, limit=COPY_THRESHOLD + 1)
+    finally:
+        await custom.dispose()
+    assert [job.payload for job in (one, *many)] == [stored[job.id] for job in (one, *many)]
+    assert {type(job.payload["x"]) for job in (one, *many)} == {type(p["x"]) for p in stored.values()} == {Decimal}
+    assert len(claimed) == COPY_THRESHOLD + 1 and {type(job.payload["x"]) for job in claimed} == {Decimal}
