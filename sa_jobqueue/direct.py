@@ -68,8 +68,12 @@ class DirectStatement:
         """The connection of ``session`` that ``session.execute`` would pick for this statement."""
         return session.connection(bind_arguments={"clause": self.statement})
 
-    def rows(self, connection: Connection, params: Mapping[str, Any]) -> Sequence[Any]:
-        """Execute on ``connection`` (in its current transaction) and return all rows, as tuples."""
+    def rows(self, connection: Connection, params: Mapping[str, Any], *,
+             encoded: Mapping[str, Any] | None = None) -> Sequence[Any]:
+        """Execute on ``connection`` (in its current transaction) and return all rows, as tuples.
+        ``encoded``: parameters already as their types' bind processors make them (a JSON
+        value's text), sent as they are when the statement goes straight to the driver;
+        through SQLAlchemy their ``params`` value is sent, processed."""
         dbapi_connection = connection.connection.dbapi_connection
         direct = self._direct(connection, params) if _on_psycopg(dbapi_connection) else None
         if direct is None:
@@ -77,7 +81,10 @@ class DirectStatement:
         assert dbapi_connection is not None
         sent = {**direct.values, **params} if direct.values else dict(params)
         for name, convert in direct.convert.items():
-            sent[name] = convert(sent[name])
+            if encoded is None or name not in encoded:
+                sent[name] = convert(sent[name])
+        if encoded:
+            sent.update(encoded)
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(direct.sql, sent)

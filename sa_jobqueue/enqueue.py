@@ -18,7 +18,8 @@
   when any is registered, around the writing of each call;
 * the wake-up: a NOTIFY on the table's channel once per transaction and
   queue of runnable jobs (the session's ``info`` remembers which were
-  sent); jobs scheduled later send nothing, polling picks them up on time.
+  sent, :mod:`sa_jobqueue.woken`); jobs scheduled later send nothing, polling
+  picks them up on time.
 
 Nothing here commits: the rows and the NOTIFY commit or vanish with the
 caller's transaction.
@@ -26,7 +27,7 @@ caller's transaction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
@@ -45,6 +46,7 @@ from .jsontext import compact_json
 from .mixin import JobMixin
 from .payloads import check_meta
 from .snapshot import Snapshots, json_loads
+from .woken import mark_woken, woken
 
 M = TypeVar("M", bound=JobMixin)
 
@@ -53,9 +55,6 @@ DEADLOCK_TRIES = 5
 # Under many producers a key's holder often finishes while the keyed INSERT
 # waits behind later keys; each try that meets this writes again, in order.
 FREED_KEY_TRIES = 20
-
-# session.info key: (transaction, {(channel, queue)}) already notified in it.
-NOTIFIED = "sa_jobqueue.notified"
 
 
 def run_hooked(
@@ -139,20 +138,24 @@ class Enqueuer(Generic[M]):
 
     def _one(self, session: Session, row: dict[str, Any], notify: bool, payload_text: str | None = None) -> M:
         connection = self._insert_one.connection(session)
-        if not (notify and runnable_now(row) and row["queue"] not in self.notified(session)):
-            [inserted] = self._insert_one.rows(connection, row)
+        # Where COPY could write the row, its payload's type is a plain JSON type: the text of the payload's
+        # check is what that type sends, unless the engine has a json_serializer of its own.
+        serializer = connection.dialect._json_serializer
+        encoded = None if payload_text is None or self._defaults is None or serializer else {"payload": payload_text}
+        if not (notify and runnable_now(row) and row["queue"] not in woken(session, self.channel)):
+            [inserted] = self._insert_one.rows(connection, row, encoded=encoded)
         else:
-            [inserted] = self._insert_one_notify.rows(connection, row | {"sajq_channel": self.channel})
-            self._mark_notified(session, [row["queue"]])
+            [inserted] = self._insert_one_notify.rows(connection, row | {"sajq_channel": self.channel}, encoded=encoded)
+            mark_woken(session, self.channel, [row["queue"]])
         if self._defaults is None:
             return self.snapshots.one(inserted)
         job_id, created_at, run_at = inserted[:3]  # a NOTIFY's column may follow
-        # Read back as the driver reads jsonb (the engine's json_deserializer, if any): tuples become lists.
-        loads = json_loads(connection)
-        payload = loads(compact_json(row["payload"]) if payload_text is None else payload_text)
+        # The text sent, read back as the driver reads jsonb (the engine's json_deserializer, if any).
+        loads, dumps = json_loads(connection), serializer or compact_json
+        payload = loads(payload_text if encoded and payload_text is not None else dumps(row["payload"]))
         values = bulk.stored_row(bulk.left_out_values(self._defaults, created_at), job_id, row, run_at, payload)
         if "meta" in row:
-            values["meta"] = loads(compact_json(row["meta"]))
+            values["meta"] = loads(dumps(row["meta"]))
         return self.snapshots.of(values)
 
     def many(self, session: Session, rows: list[dict[str, Any]], *, notify: bool) -> list[M]:
@@ -377,26 +380,13 @@ class Enqueuer(Generic[M]):
         """The connection COPY writes ``rows`` on, or None where the INSERT must (see :mod:`sa_jobqueue.bulk`)."""
         if len(rows) < bulk.COPY_THRESHOLD or self._defaults is None:
             return None
+        if session.connection().dialect._json_serializer is not None:
+            return None  # COPY sends the checks' JSON text: the INSERT applies the engine's own serializer
         return copy_connection(session)
 
     def notify_queues(self, session: Session, queues: set[str]) -> None:
         """NOTIFY the ``queues`` not yet notified in this transaction, in one statement."""
-        fresh = sorted(queues - self.notified(session))
+        fresh = sorted(queues - woken(session, self.channel))
         if fresh:
             session.execute(self._notify, {"channel": self.channel, "queues": fresh})
-            self._mark_notified(session, fresh)
-
-    def notified(self, session: Session) -> set[str]:
-        """The queues of this table already notified in the session's transaction."""
-        seen: tuple[object, set[tuple[str, str]]] | None = session.info.get(NOTIFIED)
-        if seen is None or seen[0] is not session.get_transaction():
-            return set()
-        return {queue for channel, queue in seen[1] if channel == self.channel}
-
-    def _mark_notified(self, session: Session, queues: Iterable[str]) -> None:
-        transaction = session.get_transaction()
-        seen: tuple[object, set[tuple[str, str]]] | None = session.info.get(NOTIFIED)
-        if seen is None or seen[0] is not transaction:
-            seen = (transaction, set())
-            session.info[NOTIFIED] = seen
-        seen[1].update((self.channel, queue) for queue in queues)
+            mark_woken(session, self.channel, fresh)

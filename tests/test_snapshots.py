@@ -288,3 +288,31 @@ async def test_enqueued_snapshots_read_json_as_the_async_engine_does(db_url: URL
     assert [job.payload for job in (one, *many)] == [stored[job.id] for job in (one, *many)]
     assert {type(job.payload["x"]) for job in (one, *many)} == {type(p["x"]) for p in stored.values()} == {Decimal}
     assert len(claimed) == COPY_THRESHOLD + 1 and {type(job.payload["x"]) for job in claimed} == {Decimal}
+
+
+def _wrapping_dumps(value: Any) -> str:
+    """An application's json_serializer that changes what is stored (not only its spelling)."""
+    return json.dumps({"via": "app", "value": value})
+
+
+@pytest.mark.parametrize("verb", ["enqueue", "enqueue_many", "enqueue_many_fast"])
+def test_the_engines_json_serializer_writes_every_payload(db_url: URL, engine: Engine, verb: str) -> None:
+    """With the engine's own ``json_serializer``, every verb stores the payload and meta as it
+    writes them (COPY, which would send the checks' own JSON text, gives way to the INSERT), and the
+    jobs handed back equal the stored rows."""
+    custom = create_engine(db_url, json_serializer=_wrapping_dumps)
+    count = COPY_THRESHOLD * 2
+    try:
+        with Session(custom) as session, session.begin():
+            if verb == "enqueue":
+                made = [jobs.enqueue(session, "noop", {"i": i}, meta={"m": i}) for i in range(count)]
+            else:
+                written = getattr(jobs, verb)(session, [JobSpec("noop", {"i": i}, meta={"m": i}) for i in range(count)])
+        with Session(custom) as session:
+            stored = session.execute(text("SELECT payload, meta FROM task_jobs ORDER BY id")).all()
+            if verb != "enqueue_many_fast":
+                _assert_equal_to_rows(session, made if verb == "enqueue" else written)
+    finally:
+        custom.dispose()
+    assert [tuple(row) for row in stored] == [
+        ({"via": "app", "value": {"i": i}}, {"via": "app", "value": {"m": i}}) for i in range(count)]
