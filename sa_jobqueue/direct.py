@@ -1,18 +1,21 @@
-"""Direct statements: the library's own statements sent through psycopg's cursor.
+"""Direct statements: the library's own statements sent through the driver's cursor.
 
 A short job's completion is one small statement, and SQLAlchemy's work
 around it (the compiled cache lookup, an execution context, a result
 object) cost as much Python as psycopg's sending and receiving it. A
 :class:`DirectStatement` is compiled once per dialect and then executed on
 the session's own DBAPI connection, in the session's transaction, so it
-commits or rolls back with it exactly as before. An ``AsyncSession`` on
-psycopg (run in its greenlet, as ``run_sync`` does) has SQLAlchemy's DBAPI
-adapter of psycopg's ``AsyncConnection`` as that connection: its cursor is
-the one SQLAlchemy itself executes on.
+commits or rolls back with it exactly as before. An ``AsyncSession`` (run
+in its greenlet, as ``run_sync`` does) has SQLAlchemy's DBAPI adapter of
+psycopg's ``AsyncConnection`` or of asyncpg's connection as that connection:
+its cursor is the one SQLAlchemy itself executes on (asyncpg's takes the
+parameters in order, ``$1``, and its rows are made tuples). One thing
+differs on asyncpg: the adapter's prepared-statement cache is cleared, after
+a call of the dialect's schema-cache invalidation, at SQLAlchemy's next
+statement on that connection rather than at this one's.
 
 It falls back to ``Connection.execute`` whenever skipping SQLAlchemy could
-be seen: a connection that is not psycopg 3's (asyncpg's adapter keeps
-per-statement state that SQLAlchemy's execution context sets), a statement whose
+be seen: a connection of another driver, a statement whose
 returned columns need a type's result processor, an engine with ``echo`` or with
 listeners for ``before_cursor_execute``, ``after_cursor_execute`` or
 ``handle_error`` other than the worker's own (SQL logging, tracing, error translation see every
@@ -49,6 +52,7 @@ class _Compiled:
     sql: str
     values: dict[str, Any]  # what the statement binds itself (a ``values(status='done')``)
     convert: dict[str, Callable[[Any], Any]]  # the types' bind processors, by parameter (a JSON column's)
+    positions: tuple[str, ...] | None  # the parameters in order, for a positional paramstyle (asyncpg's $1)
 
 
 class DirectStatement:
@@ -75,7 +79,8 @@ class DirectStatement:
         value's text), sent as they are when the statement goes straight to the driver;
         through SQLAlchemy their ``params`` value is sent, processed."""
         dbapi_connection = connection.connection.dbapi_connection
-        direct = self._direct(connection, params) if _on_psycopg(dbapi_connection) else None
+        driver = _driver(dbapi_connection)
+        direct = None if driver is None else self._direct(connection, params)
         if direct is None:
             return connection.execute(self.statement, params).all()
         assert dbapi_connection is not None
@@ -87,9 +92,12 @@ class DirectStatement:
             sent.update(encoded)
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute(direct.sql, sent)
-            return cursor.fetchall()
-        except psycopg.Error as exc:  # the async adapter raises the driver's errors as they are
+            if direct.positions is None:
+                cursor.execute(direct.sql, sent)
+                return cursor.fetchall()
+            cursor.execute(direct.sql, tuple(sent[name] for name in direct.positions))
+            return [tuple(row) for row in cursor.fetchall()]  # asyncpg's Records
+        except connection.dialect.loaded_dbapi.Error as exc:  # the adapters' errors (asyncpg's translated)
             raise _wrapped(connection, direct.sql, sent, exc, cursor) from exc
         finally:
             cursor.close()
@@ -109,14 +117,19 @@ class DirectStatement:
             return compiled
 
 
-def _on_psycopg(dbapi_connection: Any) -> bool:
-    """Whether ``dbapi_connection`` is psycopg 3's: its own (sync), or SQLAlchemy's
-    DBAPI adapter around an ``AsyncConnection`` (an ``AsyncSession``'s, run in
-    its greenlet), whose cursor's ``execute`` awaits the driver's."""
+def _driver(dbapi_connection: Any) -> str | None:
+    """``psycopg`` for psycopg 3's connection (sync) or SQLAlchemy's DBAPI adapter of its
+    ``AsyncConnection``, ``asyncpg`` for the adapter of asyncpg's (an ``AsyncSession``'s, run
+    in its greenlet: the adapter's cursor awaits the driver); None for any other."""
     if isinstance(dbapi_connection, psycopg.Connection):
-        return True
-    return isinstance(dbapi_connection, AdaptedConnection) and isinstance(
-        dbapi_connection.driver_connection, psycopg.AsyncConnection)
+        return "psycopg"
+    if not isinstance(dbapi_connection, AdaptedConnection):
+        return None
+    raw = dbapi_connection.driver_connection
+    if isinstance(raw, psycopg.AsyncConnection):
+        return "psycopg"
+    # By module: asyncpg is imported only by applications that use it.
+    return "asyncpg" if type(raw).__module__.split(".")[0] == "asyncpg" else None
 
 
 def _observed(connection: Connection) -> bool:
@@ -133,7 +146,7 @@ def _observed(connection: Connection) -> bool:
 def _compile(statement: Executable, dialect: Dialect, names: tuple[str, ...]) -> _Compiled | None:
     """``statement`` compiled for ``dialect`` and parameters ``names``; None
     when a parameter is rendered at execution (a list expanded into ``IN``)."""
-    if dialect.paramstyle != "pyformat":
+    if dialect.paramstyle not in ("pyformat", "numeric_dollar"):
         return None
     compiled = statement.compile(dialect=dialect, column_keys=list(names))  # type: ignore[attr-defined]
     convert: dict[str, Callable[[Any], Any]] = {}
@@ -144,7 +157,8 @@ def _compile(statement: Executable, dialect: Dialect, names: tuple[str, ...]) ->
         if processor is not None:
             convert[compiled.bind_names[bind]] = processor
     values = {name: value for name, value in compiled.params.items() if name not in names}
-    return _Compiled(str(compiled.string), values, convert)
+    positions = None if dialect.paramstyle == "pyformat" else tuple(compiled.positiontup or ())
+    return _Compiled(str(compiled.string), values, convert, positions)
 
 
 def _reads(kind: Any, dialect: Dialect) -> bool:
@@ -152,13 +166,13 @@ def _reads(kind: Any, dialect: Dialect) -> bool:
     return kind.dialect_impl(dialect).result_processor(dialect, None) is not None
 
 
-def _wrapped(connection: Connection, sql: str, params: Mapping[str, Any], exc: psycopg.Error,
+def _wrapped(connection: Connection, sql: str, params: Mapping[str, Any], exc: Exception,
              cursor: Any) -> BaseException:
     """``exc`` as SQLAlchemy raises a driver's error; a disconnect invalidates ``connection``."""
     dialect = connection.dialect
     disconnect = dialect.is_disconnect(exc, connection.connection.dbapi_connection, cursor)  # type: ignore[arg-type]
     wrapped = sa_exc.DBAPIError.instance(
-        sql, dict(params), exc, psycopg.Error, hide_parameters=connection.engine.hide_parameters,
+        sql, dict(params), exc, dialect.loaded_dbapi.Error, hide_parameters=connection.engine.hide_parameters,
         connection_invalidated=disconnect, dialect=dialect,
     )
     if disconnect:

@@ -161,9 +161,7 @@ def test_parameters_go_through_their_types_as_sqlalchemy_sends_them(engine: Engi
 
 
 @pytest.mark.anyio
-async def test_an_async_connection_on_psycopg_sends_them_straight_asyncpg_through_sqlalchemy(
-    async_engine: AsyncEngine, async_driver: str
-) -> None:
+async def test_an_async_connection_sends_them_straight_through_the_driver(async_engine: AsyncEngine) -> None:
     direct = DirectStatement(select(func.pg_backend_pid().label("pid"), bindparam("n", type_=Integer).label("n")))
     seen: list[str] = []
 
@@ -172,8 +170,7 @@ async def test_an_async_connection_on_psycopg_sends_them_straight_asyncpg_throug
 
     async with async_engine.connect() as conn:
         [row] = await conn.run_sync(lambda sync: direct.rows(sync, {"n": 7}))
-        # psycopg's own row on psycopg; asyncpg's adapter is left to SQLAlchemy (docs/architecture.md)
-        assert (type(row) is tuple) is (async_driver == "psycopg") and row[1] == 7
+        assert type(row) is tuple and row[1] == 7  # the driver's row: SQLAlchemy did not run it
         event.listen(async_engine.sync_engine, "before_cursor_execute", record)
         try:
             [row] = await conn.run_sync(lambda sync: direct.rows(sync, {"n": 8}))
@@ -183,8 +180,10 @@ async def test_an_async_connection_on_psycopg_sends_them_straight_asyncpg_throug
 
 
 @pytest.fixture
-async def async_psycopg(db_url: Any, engine: Engine) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    made = create_async_engine(db_url.set(drivername="postgresql+psycopg"))
+async def async_sessions(db_url: Any, engine: Engine, async_driver: str) -> AsyncIterator[
+        async_sessionmaker[AsyncSession]]:
+    """Sessions of an async engine, through each async driver."""
+    made = create_async_engine(db_url.set(drivername=f"postgresql+{async_driver}"))
     try:
         yield async_sessionmaker(made, expire_on_commit=False)
     finally:
@@ -193,13 +192,13 @@ async def async_psycopg(db_url: Any, engine: Engine) -> AsyncIterator[async_sess
 
 @pytest.mark.anyio
 async def test_an_async_completion_commits_with_the_sessions_writes_or_not_at_all(
-    sessions: sessionmaker[Session], async_psycopg: async_sessionmaker[AsyncSession]
+    sessions: sessionmaker[Session], async_sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     kept, dropped = _claimed(sessions), _claimed(sessions)
-    async with async_psycopg.begin() as session:
+    async with async_sessions.begin() as session:
         session.add(Ledger(job_id=kept.id))
         await async_jobs.complete(session, kept)
-    async with async_psycopg() as session:
+    async with async_sessions() as session:
         session.add(Ledger(job_id=dropped.id))
         await async_jobs.complete(session, dropped)
         await session.rollback()
@@ -208,32 +207,41 @@ async def test_an_async_completion_commits_with_the_sessions_writes_or_not_at_al
         assert [j.id for j in session.scalars(select(TaskJob))] == [dropped.id]
 
 
+async def _locked_out(session: AsyncSession, run: Any) -> sa_exc.DBAPIError:
+    """What ``run`` raises when its row is locked: the session's lock timeout expires."""
+    await session.execute(text("SET LOCAL lock_timeout = '50ms'"))
+    with pytest.raises(sa_exc.DBAPIError) as raised:
+        await run()
+    await session.rollback()
+    return raised.value
+
+
 @pytest.mark.anyio
 async def test_an_async_driver_error_is_sqlalchemys_error_and_leaves_the_connection(
-    sessions: sessionmaker[Session], async_psycopg: async_sessionmaker[AsyncSession], locker: Any
+    sessions: sessionmaker[Session], async_sessions: async_sessionmaker[AsyncSession], locker: Any
 ) -> None:
     job = _claimed(sessions)
     locker.execute(select(TaskJob.id).where(TaskJob.id == job.id).with_for_update())
-    async with async_psycopg() as session:
-        await session.execute(text("SET LOCAL lock_timeout = '50ms'"))
-        with pytest.raises(sa_exc.OperationalError) as raised:
-            await async_jobs.complete(session, job)
-        assert isinstance(raised.value.orig, psycopg.errors.LockNotAvailable)
-        assert not raised.value.connection_invalidated
-        assert "DELETE FROM task_jobs" in str(raised.value)
-        await session.rollback()
+    async with async_sessions() as session:
+        direct = await _locked_out(session, lambda: async_jobs.complete(session, job))
+        assert "DELETE FROM task_jobs" in str(direct) and not direct.connection_invalidated
         assert await session.scalar(text("SELECT 1")) == 1  # the connection still serves
+        # The same error as SQLAlchemy raises for a statement of its own on this driver.
+        through = await _locked_out(session, lambda: session.execute(
+            text("DELETE FROM task_jobs WHERE id = :id"), {"id": job.id}))
+        assert (type(direct), type(direct.orig)) == (type(through), type(through.orig))
+        assert "lock timeout" in str(direct.orig)
     locker.rollback()
-    async with async_psycopg.begin() as session:
+    async with async_sessions.begin() as session:
         await async_jobs.complete(session, job)
 
 
 @pytest.mark.anyio
 async def test_a_lost_async_connection_invalidates_it(
-    engine: Engine, sessions: sessionmaker[Session], async_psycopg: async_sessionmaker[AsyncSession]
+    engine: Engine, sessions: sessionmaker[Session], async_sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     job = _claimed(sessions)
-    async with async_psycopg() as session:
+    async with async_sessions() as session:
         connection = await session.connection()
         pid = await connection.scalar(select(func.pg_backend_pid()))
         with engine.connect() as killer:
@@ -243,6 +251,6 @@ async def test_a_lost_async_connection_invalidates_it(
         with pytest.raises(sa_exc.DBAPIError) as raised:
             await async_jobs.complete(session, job)
         assert raised.value.connection_invalidated and connection.invalidated
-    async with async_psycopg.begin() as session:  # the pool gave the broken connection up
+    async with async_sessions.begin() as session:  # the pool gave the broken connection up
         await async_jobs.complete(session, job)
         assert await session.scalar(select(func.count()).select_from(TaskJob)) == 0
