@@ -79,8 +79,7 @@ class DirectStatement:
         value's text), sent as they are when the statement goes straight to the driver;
         through SQLAlchemy their ``params`` value is sent, processed."""
         dbapi_connection = connection.connection.dbapi_connection
-        driver = _driver(dbapi_connection)
-        direct = None if driver is None else self._direct(connection, params)
+        direct = self._direct(connection, params) if _drivable(dbapi_connection) else None
         if direct is None:
             return connection.execute(self.statement, params).all()
         assert dbapi_connection is not None
@@ -117,19 +116,17 @@ class DirectStatement:
             return compiled
 
 
-def _driver(dbapi_connection: Any) -> str | None:
-    """``psycopg`` for psycopg 3's connection (sync) or SQLAlchemy's DBAPI adapter of its
-    ``AsyncConnection``, ``asyncpg`` for the adapter of asyncpg's (an ``AsyncSession``'s, run
-    in its greenlet: the adapter's cursor awaits the driver); None for any other."""
+def _drivable(dbapi_connection: Any) -> bool:
+    """Whether ``dbapi_connection`` is psycopg 3's (sync), or SQLAlchemy's DBAPI adapter of
+    psycopg's ``AsyncConnection`` or of asyncpg's connection (an ``AsyncSession``'s, run in
+    its greenlet: the adapter's cursor awaits the driver)."""
     if isinstance(dbapi_connection, psycopg.Connection):
-        return "psycopg"
+        return True
     if not isinstance(dbapi_connection, AdaptedConnection):
-        return None
+        return False
     raw = dbapi_connection.driver_connection
-    if isinstance(raw, psycopg.AsyncConnection):
-        return "psycopg"
-    # By module: asyncpg is imported only by applications that use it.
-    return "asyncpg" if type(raw).__module__.split(".")[0] == "asyncpg" else None
+    # asyncpg by module: it is imported only by applications that use it.
+    return isinstance(raw, psycopg.AsyncConnection) or type(raw).__module__.split(".")[0] == "asyncpg"
 
 
 def _observed(connection: Connection) -> bool:
