@@ -20,6 +20,7 @@ import uuid
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from . import statements
@@ -32,7 +33,6 @@ M = TypeVar("M", bound=JobMixin)
 
 log = logging.getLogger("sa_jobqueue.repository")
 
-_NO_SYNC = {"synchronize_session": False}
 DEFAULT_LEASE = timedelta(seconds=60)
 
 
@@ -54,16 +54,16 @@ class Claimer(Generic[M]):
 
     def claim(self, session: Session, params: dict[str, Any]) -> list[M]:
         """Run the claim with checked ``params`` (``queues``, ``limit``,
-        ``worker``, ``lease``); return the decodable jobs in claim order."""
+        ``worker``, ``lease``) in ``session``'s transaction; return the
+        decodable jobs in claim order."""
+        return self.claim_on(self._statement(params["queues"], params["limit"]).connection(session), params)
+
+    def claim_on(self, connection: Connection, params: dict[str, Any]) -> list[M]:
+        """The same on ``connection``, in its current transaction (at once in
+        autocommit): what a worker's claimer threads run on the connection
+        each holds, without a session's checkout and bookkeeping per claim."""
         queues = list(dict.fromkeys(params["queues"]))  # a queue named twice is read once
-        shape = len(queues), statements.limit_bound(params["limit"])
-        claim = self._claims.get(shape)
-        if claim is None:
-            returning = self.snapshots.text_columns
-            claim = DirectStatement(statements.claim(self.model, *shape).returning(*returning),
-                                    results=[column.type for column in returning])
-            self._claims[shape] = claim
-        connection = claim.connection(session)
+        claim = self._statement(queues, params["limit"])
         loads = json_loads(connection)
         params = {k: v for k, v in params.items() if k != "queues"} | dict(zip(statements.queue_keys(len(queues)),
                                                                                queues, strict=True))
@@ -71,16 +71,27 @@ class Claimer(Generic[M]):
             jobs, failed = self.snapshots.decode(claim.rows(connection, params), loads)
             if not failed:
                 break
-            self._bury_undecodable(session, failed)  # each round takes rows off the queue for good
+            self._bury_undecodable(connection, failed)  # each round takes rows off the queue for good
             if jobs:
                 break
         jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
         return jobs
 
-    def _bury_undecodable(self, session: Session, failed: list[tuple[M, str]]) -> None:
+    def _statement(self, queues: list[str], limit: int) -> DirectStatement:
+        """The claim for this many distinct queues and this limit's bound, built once."""
+        shape = len(dict.fromkeys(queues)), statements.limit_bound(limit)
+        claim = self._claims.get(shape)
+        if claim is None:
+            returning = self.snapshots.text_columns
+            claim = DirectStatement(statements.claim(self.model, *shape).returning(*returning),
+                                    results=[column.type for column in returning])
+            self._claims[shape] = claim
+        return claim
+
+    def _bury_undecodable(self, connection: Connection, failed: list[tuple[M, str]]) -> None:
         """Send claimed jobs whose payload cannot be decoded to dead, in one fenced statement."""
         errors = [clean_error(f"payload cannot be decoded: {error}") for _, error in failed]
         params = {"ids": [j.id for j, _ in failed], "tokens": [j.lock_token for j, _ in failed], "errors": errors}
-        session.execute(self._bury, params, execution_options=_NO_SYNC)
+        connection.execute(self._bury, params)
         for (job, _), error in zip(failed, errors, strict=True):
             log.warning("%s %s (%s) sent to dead: %s", self.model.__name__, job.id, job.task, error[:500])

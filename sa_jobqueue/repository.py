@@ -82,7 +82,9 @@ class JobRepository(Generic[M]):
         #: select its ``columns`` and hand the rows to its ``all``.
         self.snapshots: Snapshots[M] = Snapshots(model, table)
         self._enqueuer = Enqueuer(model, table, self.snapshots, channel=self.channel, copy=not self._user_columns)
-        self._claimer = Claimer(model, self.snapshots)
+        #: The claim behind :meth:`claim`; a worker's claimer threads call its
+        #: ``claim_on`` with checked arguments on the connections they hold.
+        self.claimer: Claimer[M] = Claimer(model, self.snapshots)
         # Statements are values: built once, reused with new parameters, so the
         # hot path skips construction and hits SQLAlchemy's compiled cache.
         self._complete = DirectStatement(statements.complete(model, keep_done=self.keep_done))
@@ -204,7 +206,7 @@ class JobRepository(Generic[M]):
             "queues": check_queues(queues), "limit": limit,
             "worker": worker or default_worker_name(), "lease": lease,
         }
-        return self._claimer.claim(session, params)
+        return self.claimer.claim(session, params)
 
     def complete(self, session: Session, job: M) -> None:
         """Finish a claimed job: delete it, or mark it ``done`` when the model

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Table
+from sqlalchemy import Engine, Table
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..inflight import NOT_WATCHED, ConnectionWatch
@@ -43,6 +43,12 @@ class Control:
         self.own = own
         self.sessions = sessions
         self.tables = list(tables)
+
+    @property
+    def engine(self) -> Engine | None:
+        """The worker's own engine (autocommit), or None when it has none."""
+        bind = self.own.kw.get("bind") if self.own is not None else None
+        return bind if isinstance(bind, Engine) else None
 
     @contextmanager
     def __call__(self) -> Iterator[Session]:
@@ -77,6 +83,9 @@ class WorkerContext:
     # Watches a job's connection while the job holds it (None: no watchdog).
     watch_connection: Callable[[Any], ConnectionWatch] | None = None
     running: RunningJobs = field(default_factory=RunningJobs)
+    # Takes the loop's step in the calling thread, where the driver allows it
+    # (True); False: the caller wakes the loop's thread to take it.
+    step_now: Callable[[bool], bool] = field(default=lambda notified: False)
     # The paused queues of each job table, by table name, as of the last read
     # (sa_jobqueue.worker.presence_beat.PauseWatch); claims leave them out.
     paused: dict[str, frozenset[str]] = field(default_factory=dict)

@@ -29,11 +29,12 @@ idle slot's connection is back in the pool, where ``pool_pre_ping`` and
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.orm import Session, sessionmaker
+
+from .held import HeldConnections
 
 READ_COMMITTED = {"isolation_level": "READ COMMITTED"}
 
@@ -76,17 +77,20 @@ class JobSessions:
         """``hold``: slots hold connections (their threads call :meth:`release`
         when idle); without it every job checks out its own."""
         self.sessions = sessions
-        self.engine = holds_connections(sessions) if hold else None
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self.held = 0  # connections the slots hold right now
+        engine = holds_connections(sessions) if hold else None
+        self._held = HeldConnections(engine, **READ_COMMITTED) if engine is not None else None
+
+    @property
+    def held(self) -> int:
+        """Connections the slots hold right now."""
+        return self._held.held if self._held is not None else 0
 
     def open(self, table: Table) -> tuple[Session, Connection]:
         """A fresh session for this thread's next job (of the job table
         ``table``), its transaction begun, and its READ COMMITTED connection
         to ``table``. Raises what connecting raises (the pool's
         ``TimeoutError``, a refused connection): nothing is held then."""
-        if self.engine is None:
+        if self._held is None:
             session = self.sessions()
             try:
                 session.begin()
@@ -94,38 +98,12 @@ class JobSessions:
             except BaseException:
                 session.close()
                 raise
-        connection = self._connection()
+        connection = self._held.connection()
         session = self.sessions(bind=connection)
         session.begin()
         return session, connection
 
     def release(self) -> None:
         """This thread's slot has no next job: its connection goes back to the pool."""
-        connection: Connection | None = getattr(self._local, "connection", None)
-        if connection is None:
-            return
-        self._local.connection = None
-        with self._lock:
-            self.held -= 1
-        try:
-            connection.close()
-        except Exception:  # a broken connection: the pool discards it
-            pass
-
-    def _connection(self) -> Connection:
-        connection: Connection | None = getattr(self._local, "connection", None)
-        if connection is not None and (connection.invalidated or connection.closed):
-            self.release()  # made unusable by the last job: check out another
-            connection = None
-        if connection is None:
-            assert self.engine is not None
-            connection = self.engine.connect()
-            try:
-                connection.execution_options(**READ_COMMITTED)
-            except BaseException:
-                connection.close()
-                raise
-            self._local.connection = connection
-            with self._lock:
-                self.held += 1
-        return connection
+        if self._held is not None:
+            self._held.release()

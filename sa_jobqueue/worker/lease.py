@@ -25,8 +25,9 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Connection, func, select
 
 from .books import Held
 from .context import WorkerContext
@@ -34,10 +35,23 @@ from .deadlines import check_stuck, grace, record_timeout
 from .executor import JobExecutor, hand_back
 from .group import GroupRunner, group_sizes
 from .heartbeat import heartbeat, request_cancel
+from .held import HeldConnections
 from .options import CLAIMERS
 from .slots import Slots
 
 log = logging.getLogger("sa_jobqueue.worker")
+
+
+def _end_transaction(connection: Connection, *, commit: bool) -> None:
+    """End the transaction SQLAlchemy began on a held autocommit connection
+    when a statement went through it (nothing was pending: each statement
+    committed at once), so that the next claim starts as this one did."""
+    if not connection.in_transaction():
+        return
+    try:
+        connection.commit() if commit else connection.rollback()
+    except Exception:  # an unusable connection: HeldConnections replaces it at the next claim
+        log.debug("worker: ending a claimer's transaction failed", exc_info=True)
 
 class LeaseMode:
     """The lease-mode strategy of a worker's loop."""
@@ -48,7 +62,14 @@ class LeaseMode:
         self.groups = GroupRunner(self.executor)
         self.slots = Slots(ctx.options.concurrency, name="sa_jobqueue", on_done=self._slot_done,
                            on_idle=ctx.job_sessions.release)
-        self.claimers = Slots(CLAIMERS, name="sa_jobqueue-claim", on_done=lambda _: ctx.wake.set())
+        # Each claimer thread holds a connection of the worker's own engine
+        # for its life: a claim after an idle wait is what a notified job
+        # waits for, and a checkout and a session per claim cost as much as
+        # the claim's own round trip there.
+        engine = ctx.control.engine
+        self._held = HeldConnections(engine) if engine is not None else None
+        self.claimers = Slots(CLAIMERS, name="sa_jobqueue-claim", on_done=self._claim_done,
+                              on_exit=self._held.release if self._held is not None else None)
         self._overdue: list[Held] = []  # timed out, their handler not returned yet
         self._next_hand_back = 0.0
         self._next_due = float("inf")  # the earliest deadline the latest watch saw
@@ -81,6 +102,13 @@ class LeaseMode:
         if self.ctx.pacer.wants_claim(active + self.ctx.pacer.reserved):
             self.ctx.wake.set()
 
+    def _claim_done(self, active: int) -> None:
+        """A claim ended. If a notification came while it was out, the claim
+        it calls for goes at once from this thread; the loop wakes either way."""
+        if self.ctx.pacer.woken:
+            self.ctx.step_now(False)
+        self.ctx.wake.set()
+
     def _claim_into(self, ask: int) -> bool:
         """A claimer thread: claim up to ``ask`` jobs and queue them for the slots."""
         ctx, got, took = self.ctx, 0, 0.0
@@ -93,9 +121,7 @@ class LeaseMode:
                 if not queues:  # every queue of this table is paused
                     continue
                 start = time.monotonic()
-                with ctx.control() as session:
-                    jobs = repo.claim(session, queues=queues, limit=ask - got, worker=ctx.name,
-                                      lease=ctx.options.lease)
+                jobs = self._claim(repo, queues, ask - got)
                 took += time.monotonic() - start
                 got += len(jobs)  # committed: ours now
                 self._submit(repo, jobs)
@@ -106,6 +132,23 @@ class LeaseMode:
         finally:
             ctx.pacer.claim_ended(ask, got, seconds)
         return got > 0
+
+    def _claim(self, repo: Any, queues: list[str], limit: int) -> list[Any]:
+        """Claim on this claimer thread's own connection (autocommit: the
+        claim commits at once), or in a transaction of the worker's control."""
+        ctx = self.ctx
+        params = {"queues": queues, "limit": limit, "worker": ctx.name, "lease": ctx.options.lease}
+        if self._held is None:
+            with ctx.control() as session:
+                return repo.claimer.claim(session, params)  # type: ignore[no-any-return]
+        connection = self._held.connection()
+        try:
+            jobs = repo.claimer.claim_on(connection, params)
+        except BaseException:
+            _end_transaction(connection, commit=False)
+            raise
+        _end_transaction(connection, commit=True)
+        return jobs  # type: ignore[no-any-return]
 
     def _submit(self, repo: object, jobs: list[object]) -> None:
         """Queue claimed jobs for the slots: one call per job, but the jobs of

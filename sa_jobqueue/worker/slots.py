@@ -12,7 +12,8 @@ each by its ``weight`` (the jobs it runs: a group of jobs is one call);
 ``on_done(active)`` runs in the slot's thread after each call with the count
 left; ``on_idle()`` runs in a slot's thread when it finds no call waiting,
 before it waits for one, and when the thread ends (a slot gives back what
-it held for its calls there); an exception escaping a call is logged and counted as "found nothing"
+it held for its calls there); ``on_exit()``, when the thread ends only (what
+a slot holds while it waits too); an exception escaping a call is logged and counted as "found nothing"
 and never kills a thread; :meth:`take_unstarted` removes the calls no thread
 has started; :meth:`abandon` gives up on a thread stuck in a call (a Python
 thread cannot be killed): the call counts as finished, a new thread takes
@@ -38,12 +39,14 @@ class Slots:
     """``size`` threads running submitted calls; each call returns whether it found work."""
 
     def __init__(
-        self, size: int, *, name: str, on_done: Callable[[int], None], on_idle: Callable[[], None] | None = None
+        self, size: int, *, name: str, on_done: Callable[[int], None], on_idle: Callable[[], None] | None = None,
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
         self._queue: queue.SimpleQueue[tuple[Callable[..., bool], tuple[Any, ...], int] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._on_done = on_done
         self._on_idle = on_idle
+        self._on_exit = on_exit
         self._active = 0
         self._ran = 0
         self._empty = 0
@@ -132,15 +135,13 @@ class Slots:
         try:
             self._serve_calls()
         finally:
-            if self._on_idle is not None:
-                self._idle_hook()
+            for hook in (self._on_idle, self._on_exit):
+                if hook is not None:
+                    _run_hook(hook)
 
     def _idle_hook(self) -> None:
         assert self._on_idle is not None
-        try:
-            self._on_idle()
-        except Exception:
-            log.exception("job slot's idle hook failed")
+        _run_hook(self._on_idle)
 
     def _serve_calls(self) -> None:
         while True:
@@ -174,3 +175,10 @@ class Slots:
                 if active <= 0:  # wait_idle waits for nothing in flight, nothing else
                     self._idle.notify_all()
             self._on_done(active)
+
+
+def _run_hook(hook: Callable[[], None]) -> None:
+    try:
+        hook()
+    except Exception:
+        log.exception("job slot's hook %r failed", hook)

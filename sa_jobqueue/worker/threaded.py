@@ -113,6 +113,11 @@ class Worker(WorkerFace):
         self._stop_before_run = False
         self._notified = False
         self._notify_lock = threading.Lock()
+        # The loop's step (the pacer's decisions and the claims they send) is
+        # taken by the loop's thread and by the listener's on a notification,
+        # one at a time; _stepper is the mode while the listener may take it.
+        self._step_lock = threading.Lock()
+        self._stepper: LeaseMode | TransactionMode | None = None
 
     # -- public ----------------------------------------------------------
 
@@ -150,6 +155,7 @@ class Worker(WorkerFace):
             self._loop(ctx, mode, listener, until_empty, presence)
             self._wind_down(ctx, mode, shutdown)
         finally:
+            self._end_steps()
             # Threads still in a handler are daemons: the process may exit under them.
             mode.close(wait=not len(mode.slots))
             presence.withdraw()
@@ -181,20 +187,26 @@ class Worker(WorkerFace):
         while not ctx.stopping.is_set():
             ctx.wake.clear()
             now = time.monotonic()
+            found = False  # a duty made work runnable: claim it without waiting for a NOTIFY
             for run_duty, interval, next_at in duties:
                 if now >= next_at[0]:
-                    if run_duty():
-                        ctx.pacer.notified()  # claim what was just enqueued, without waiting for a NOTIFY
+                    found = run_duty() or found
                     next_at[0] = now + interval
             mode.watch(now)
             if ctx.completer.due(now):
                 ctx.completer.flush()
-            if self._take_notification():
-                ctx.pacer.notified()
-            if ctx.stopping.is_set():  # a stop while the duties ran: no claim may start now
-                break
-            listening = listener is not None and listener.connected.is_set()
-            if mode.step(time.monotonic(), listening=listening, until_empty=until_empty):
+            notified = self._take_notification() or found
+            with self._step_lock:
+                if notified:
+                    ctx.pacer.notified()
+                if ctx.stopping.is_set():  # a stop while the duties ran: no claim may start now
+                    break
+                listening = listener is not None and listener.connected.is_set()
+                drained = mode.step(time.monotonic(), listening=listening, until_empty=until_empty)
+                # The duties have run once (the paused queues are known):
+                # notifications may take their step at once from now on.
+                self._stepper = mode if listener is not None else None
+            if drained:
                 break
             flush_at = ctx.completer.deadline()
             deadline = min([d[2][0] for d in duties] + ([flush_at] if flush_at is not None else []))
@@ -204,6 +216,7 @@ class Worker(WorkerFace):
         """Stop claiming, hand back what did not start, wait for the running
         jobs up to the shutdown timeout, write the buffered completions."""
         until = time.monotonic() + ctx.options.shutdown_timeout.total_seconds()
+        self._end_steps()  # no notification sends a claim from now on
         if not shutdown.abort.is_set():
             mode.stop_claiming(until)
         next_beat = time.monotonic() + ctx.options.heartbeat_interval
@@ -233,7 +246,7 @@ class Worker(WorkerFace):
             options=self.options, name=self.name, tasks=self.tasks, repositories=self.repositories,
             sessions=self._sessions, job_sessions=JobSessions(self._sessions), control=control, books=self._books,
             completer=Completer(self._books, control, sender=self, name=self.name),
-            pacer=_pacer(self.options), sender=self,
+            pacer=_pacer(self.options), sender=self, step_now=self._step_now,
         )
 
     def _own_engine(self) -> Engine | None:
@@ -286,10 +299,39 @@ class Worker(WorkerFace):
         return stop
 
     def _on_notify_any(self) -> None:
+        """A notification (or the listener's connection): in the listener's
+        thread, take the loop's step at once, so that a notified job waits
+        for no wake-up of the loop's thread; before the loop's first pass and
+        once it stops, or if that fails, wake the loop to take it."""
+        if self._step_now(True):
+            return
         with self._notify_lock:
             self._notified = True
         if self._ctx is not None:
             self._ctx.wake.set()
+
+    def _step_now(self, notified: bool) -> bool:
+        """Take the loop's step in this thread (``notified``: after a
+        notification); False when no step may be taken outside the loop's
+        thread now: before its first pass, once it stops, or in a worker that does not listen."""
+        ctx = self._ctx
+        with self._step_lock:
+            mode = self._stepper
+            if mode is None or ctx is None or ctx.stopping.is_set():
+                return False
+            try:
+                if notified:
+                    ctx.pacer.notified()
+                mode.step(time.monotonic(), listening=True, until_empty=False)
+            except Exception:  # the loop's own step takes it then
+                log.exception("worker %s: a step on notification failed", self.name)
+                return False
+        return True
+
+    def _end_steps(self) -> None:
+        """No notification takes a step after this returns (one taking it now has ended)."""
+        with self._step_lock:
+            self._stepper = None
 
     def _take_notification(self) -> bool:
         with self._notify_lock:
