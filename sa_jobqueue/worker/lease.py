@@ -53,6 +53,7 @@ def _end_transaction(connection: Connection, *, commit: bool) -> None:
     except Exception:  # an unusable connection: HeldConnections replaces it at the next claim
         log.debug("worker: ending a claimer's transaction failed", exc_info=True)
 
+
 class LeaseMode:
     """The lease-mode strategy of a worker's loop."""
 
