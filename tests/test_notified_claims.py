@@ -112,3 +112,4 @@ def test_a_claimers_connection_is_held_and_replaced_when_the_server_drops_it(
         killer.dispose()
     assert not runner.is_alive()
     assert worker.result.completed == 4
+

@@ -29,6 +29,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
+from ..connections import is_fatal_to_connection
 from .books import Held
 from .context import WorkerContext
 from .deadlines import check_stuck, grace, record_timeout
@@ -145,7 +146,12 @@ class LeaseMode:
         connection = self._held.connection()
         try:
             jobs = repo.claimer.claim_on(connection, params)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, Exception) and is_fatal_to_connection(exc) and not connection.invalidated:
+                # The claim went straight to the driver, past the worker engine's
+                # handle_error: discard the connection here (a read-only one after
+                # a failover would fail every claim it is kept for).
+                connection.invalidate(exc)
             _end_transaction(connection, commit=False)
             raise
         _end_transaction(connection, commit=True)
