@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from jobapp import Ledger, TaskJob, jobs
-from sqlalchemy import Connection, Engine, create_engine, func, select, text
+from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 from waiting import backend_exists, wait_for
 
@@ -50,7 +50,7 @@ def test_a_slots_jobs_share_its_connection_and_never_a_session(
     assert len({s["pid"] for s in seen}) == 1  # one connection for the slot's consecutive jobs
     assert len({s["session"] for s in seen}) == 6  # a new session for each
     assert all(s["info"] == {} and s["identity"] == 0 for s in seen)
-    assert all(isinstance(s["bind"], Connection) for s in seen)
+    assert all(s["bind"] is engine for s in seen)  # as anywhere else: the Engine, not the held connection
     with sessions() as session:
         assert session.scalar(select(func.count()).select_from(Ledger)) == 6
 
@@ -139,3 +139,46 @@ def test_a_sessionmaker_with_binds_gets_a_connection_per_job(engine: Engine, ses
     assert result.completed == 3
     assert all(isinstance(s["bind"], Engine) for s in seen)  # its sessions choose their own connections
     assert {s["isolation"] for s in seen} == {"read committed"}
+
+
+def test_a_session_a_handler_opens_on_its_bind_is_a_session_of_its_own(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    """``Session(session.get_bind())`` in a handler (an audit row that must
+    commit whatever the job does, a session a buggy handler leaves open) gets
+    a connection of its own from the pool: its commit commits, even when the
+    job then fails, and one it leaves open does not touch the job's
+    transaction, whose completion commits."""
+    tasks = TaskRegistry()
+    backends: dict[str, set[int]] = {"job": set(), "own": set()}
+    left_open: list[Session] = []
+
+    @tasks.task(max_attempts=1)
+    def audited(job: TaskJob, session: Session) -> None:
+        backends["job"].add(session.scalar(select(func.pg_backend_pid())) or 0)
+        own = Session(session.get_bind())
+        backends["own"].add(own.scalar(select(func.pg_backend_pid())) or 0)
+        if job.payload.get("leave_open"):
+            left_open.append(own)  # idle in transaction until the test closes it
+            return
+        with own:
+            own.add(Ledger(job_id=job.id, note="audit"))
+            own.commit()
+        raise RuntimeError("the job fails after its audit row committed")
+
+    try:
+        with sessions.begin() as session:
+            failing = jobs.enqueue(session, "audited")
+            kept = jobs.enqueue(session, "audited", payload={"leave_open": True})
+        result = Worker(engine, jobs, tasks, concurrency=1, batch_size=2, listen=False,
+                        poll_interval=0.1).run(until_empty=True)
+    finally:
+        for own in left_open:
+            own.close()
+    assert result.completed == 1 and result.dead == 1
+    assert not backends["job"] & backends["own"]  # never the job's connection
+    with sessions() as session:
+        assert session.scalar(select(Ledger.note).where(Ledger.job_id == failing.id)) == "audit"
+        assert session.get(TaskJob, kept.id) is None  # completed: its completion committed
+        dead = session.get(TaskJob, failing.id)
+        assert dead is not None and dead.status == "dead"

@@ -13,9 +13,11 @@ What a handler may rely on:
   ``session.info``, listeners added to the session) is seen by the next;
   it commits exactly once, with the job's fenced completion;
 * its transaction is READ COMMITTED, whatever the engine's default;
-* ``session.get_bind()`` is the slot's :class:`~sqlalchemy.engine.Connection`
-  (not the Engine) when the connection is held, as documented for sessions
-  bound to a connection; a handler should not close it.
+* ``session.get_bind()`` is the Engine, as in a session of its sessionmaker
+  anywhere else, and ``session.connection()`` the slot's connection (a
+  handler should not close it): a Session that a handler opens on
+  ``session.get_bind()`` is independent of the job's transaction, on a
+  connection of its own from the pool, and its commit commits.
 
 A connection is held only from a plain ``sessionmaker`` bound to one Engine
 (the Worker's own when given an Engine): one with ``binds`` or a Session
@@ -99,8 +101,20 @@ class JobSessions:
                 session.close()
                 raise
         connection = self._held.connection()
-        session = self.sessions(bind=connection)
-        session.begin()
+        # Bound to the Engine as configured, its transaction begun on the
+        # held connection: the session finds that connection under its
+        # Engine for every statement, and ``get_bind()`` stays the Engine,
+        # so a session a handler opens on it is a session of its own, on
+        # another connection of the pool (bound to the held Connection, it
+        # would join this job's transaction instead, and its commit would
+        # not commit).
+        session = self.sessions()
+        try:
+            session.begin()
+            session.connection(bind_arguments={"bind": connection})
+        except BaseException:
+            session.close()
+            raise
         return session, connection
 
     def release(self) -> None:
