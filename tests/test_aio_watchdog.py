@@ -226,15 +226,19 @@ async def test_a_jobs_commit_stalled_on_the_network_is_freed(
         assert s.get(TaskJob, job_id) is None  # completed once
 
 
+@pytest.mark.parametrize("mode", ["lease", "transaction"])
 async def test_a_session_stalled_in_the_pools_checkout_is_given_up_and_the_job_handed_back(
-    db_url: URL, async_driver: str, engine: Engine, caplog: pytest.LogCaptureFixture
+    db_url: URL, async_driver: str, engine: Engine, caplog: pytest.LogCaptureFixture, mode: str
 ) -> None:
     """The app's pool holds one connection, pre-pinged at checkout. A first
     job runs on it; then that connection alone goes half-open, in the pool.
     The next job's checkout stalls in the ping (outside any statement the
     watchdog sees): the lease mode gives up on it after ``stall_timeout``,
     the job is handed back unstarted, and its next run, on a new
-    connection, completes."""
+    connection, completes. In transaction mode the batch's session stalls
+    before it claims: the batch is given up after ``stall_timeout`` (before,
+    it waited forever, a slot lost, and the worker did not stop on time),
+    and the next batch claims the job on a new connection."""
     with TcpProxy(_upstream(db_url)) as proxy:
         app = create_async_engine(db_url.set(drivername=f"postgresql+{async_driver}", host="127.0.0.1",
                                              port=proxy.port, query={}), pool_size=1, max_overflow=0,
@@ -254,7 +258,8 @@ async def test_a_session_stalled_in_the_pools_checkout_is_given_up_and_the_job_h
             async with sessions.begin() as session:
                 first = (await jobs.enqueue(session, "write")).id
             worker = AsyncWorker(sessions, jobs, registry, concurrency=1, poll_interval=0.05, listen=False,
-                                 stall_timeout=timedelta(seconds=1), shutdown_timeout=timedelta(seconds=5))
+                                 mode=mode, stall_timeout=timedelta(seconds=1),  # type: ignore[arg-type]
+                                 shutdown_timeout=timedelta(seconds=5))
             with caplog.at_level(logging.ERROR, logger="sa_jobqueue.worker"):
                 running = asyncio.ensure_future(worker.run(handle_signals=False))
                 try:
@@ -270,8 +275,11 @@ async def test_a_session_stalled_in_the_pools_checkout_is_given_up_and_the_job_h
                     await asyncio.wait_for(running, 30)
             assert runs == [(first, 1), (second, 1)]  # handed back unstarted: its attempt not spent
             assert len(set(ports)) == 2
-            assert any(f"job {second}'s session has waited 1 s for a connection; the job is handed back unstarted"
-                       in r.getMessage() for r in caplog.records)
+            given_up = (f"job {second}'s session has waited 1 s for a connection; the job is handed back unstarted"
+                        if mode == "lease" else
+                        "a batch's session has waited 1 s for a connection; the batch is given up before it "
+                        "claimed anything")
+            assert any(given_up in r.getMessage() for r in caplog.records)
         finally:
             proxy.stop()
             await app.dispose()

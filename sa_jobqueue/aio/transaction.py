@@ -78,7 +78,9 @@ class AsyncTransactionMode:
         self.threads = threads
         self.stopping = stopping
         self.watch_job = watch_job  # the watchdog's watch of a batch's connection while it holds it
-        self.running: dict[asyncio.Task[bool], None] = {}  # the batches in flight
+        # The batches in flight, each with when its session's checkout began while it waits for it.
+        self.running: dict[asyncio.Task[bool], float | None] = {}
+        self._next_connect_check = 0.0
         self._ran = self._empty = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -95,7 +97,7 @@ class AsyncTransactionMode:
             return True
         for _ in range(pacer.probes(now, free=self.ctx.options.concurrency - inflight)):
             batch = asyncio.get_running_loop().create_task(self.run_batch(), name="sa_jobqueue-batch")
-            self.running[batch] = None
+            self.running[batch] = now
             self._idle.clear()
             batch.add_done_callback(self._batch_done)
         return False
@@ -116,8 +118,25 @@ class AsyncTransactionMode:
         self.wake()
 
     def watch(self, now: float) -> float:
-        """Deadlines are the batches' own (see :meth:`_call`): nothing to watch."""
+        """Give up on batches stalled in their session's checkout; the
+        handlers' deadlines are the batches' own (see :meth:`_call`)."""
+        stall = self.ctx.options.stall_timeout
+        if stall is not None and now >= self._next_connect_check:
+            self._next_connect_check = now + 1.0  # once a second: its timeout is counted in seconds
+            self._give_up_connecting(now, stall.total_seconds())
         return float("inf")
+
+    def _give_up_connecting(self, now: float, stall: float) -> None:
+        """A batch's session stalled in the pool's checkout (a pre-ping on a
+        half-open path, before the batch holds the connection, so the
+        watchdog cannot see it): cancel it. It has claimed nothing yet, so
+        nothing is handed back; the next batch checks out another connection."""
+        for batch, since in list(self.running.items()):
+            if since is not None and now - since >= stall:
+                self.running[batch] = None
+                log.error("worker %s: a batch's session has waited %.0f s for a connection; the batch is given "
+                          "up before it claimed anything", self.ctx.name, stall)
+                batch.cancel()
 
     @property
     def busy(self) -> bool:
@@ -136,6 +155,9 @@ class AsyncTransactionMode:
             try:
                 connection = await session.connection(execution_options=READ_COMMITTED)
                 raw = await connection.get_raw_connection()
+                current = asyncio.current_task()
+                if current in self.running:
+                    self.running[current] = None  # connected: the watchdog watches it from here
             except sa_exc.TimeoutError:
                 log.error("worker %s: a batch could not get a connection: the jobs' pool is exhausted", ctx.name)
                 ctx.back_off()

@@ -251,6 +251,8 @@ def _work_async(args: argparse.Namespace, driver: str, mode: str) -> None:
     url = psycopg_url(args.url).set(drivername=f"postgresql+{driver}")
 
     async def main() -> dict[str, Any]:
+        # A hung worker's tasks, into its log (the harness sends SIGUSR2 before SIGUSR1's thread stacks).
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
         if args.null_pool:  # a new connection for every session
             engine = create_async_engine(url, poolclass=NullPool, pool_pre_ping=True, connect_args=options)
         else:
@@ -265,6 +267,15 @@ def _work_async(args: argparse.Namespace, driver: str, mode: str) -> None:
             await engine.dispose()
 
     print(json.dumps({"pid": os.getpid(), **asyncio.run(main())}), flush=True)
+
+
+def _dump_tasks() -> None:
+    """Print every asyncio task of the running loop with its stack, to stderr."""
+    import asyncio
+    for task in asyncio.all_tasks():
+        print(f"--- task {task.get_name()}: {task!r}"[:500], file=sys.stderr)
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _work(args: argparse.Namespace) -> None:
@@ -345,6 +356,7 @@ def main() -> None:
     # SIGUSR1 dumps every thread's stack to the log: the harness sends it to a
     # worker that did not stop after SIGTERM before it kills it.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # an asyncio worker dumps its tasks on it; others ignore it
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     parser = argparse.ArgumentParser()

@@ -459,6 +459,8 @@ class Run:
                 out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 hung.append(pid)
+                os.kill(pid, signal.SIGUSR2)  # an asyncio worker's tasks, into its log
+                time.sleep(1)
                 os.kill(pid, signal.SIGUSR1)  # its threads' stacks, into its log
                 time.sleep(1)
                 proc.kill()
