@@ -236,6 +236,66 @@ def test_a_jobs_commit_stalled_on_the_network_is_freed(
         assert session.get(TaskJob, job.id) is None  # completed once
 
 
+@pytest.mark.parametrize("mode", ["lease", "transaction"])
+def test_a_session_stalled_in_the_pools_checkout_is_given_up(
+    db_url: URL, engine: Engine, caplog: pytest.LogCaptureFixture, mode: str
+) -> None:
+    """The app's pool keeps one connection, pre-pinged at checkout. A first
+    job runs on it; then that connection alone goes half-open, in the pool.
+    The next checkout stalls in the ping (outside any statement the watchdog
+    sees): after ``stall_timeout`` the worker replaces the slot's thread (lease
+    mode: and hands the job back unstarted; transaction mode: the batch had
+    claimed nothing), and the job runs on a new connection. Transaction mode
+    waited in the checkout for as long as the path stayed half-open."""
+    with TcpProxy(_upstream(db_url)) as proxy:
+        app = create_engine(db_url.set(host="127.0.0.1", port=proxy.port, query={}), pool_size=1, max_overflow=1,
+                            pool_pre_ping=True)
+        try:
+            registry = TaskRegistry()
+            runs: list[tuple[int, int]] = []
+            ports: list[int] = []
+
+            @registry.task
+            def write(job: TaskJob, session: Session) -> None:
+                runs.append((job.id, job.attempts))
+                ports.append(local_port(session.connection().connection.dbapi_connection.fileno()))  # type: ignore[union-attr]
+                session.add(Ledger(job_id=job.id))
+
+            def completed(job_id: int) -> bool:
+                with Session(engine) as session:
+                    return session.get(TaskJob, job_id) is None and bool(
+                        session.scalars(select(Ledger.job_id).where(Ledger.job_id == job_id)).all())
+
+            with Session(engine) as session, session.begin():
+                first = jobs.enqueue(session, "write").id
+            worker = Worker(sessionmaker(app, expire_on_commit=False), jobs, registry, mode=mode, concurrency=1,
+                            poll_interval=0.05, listen=False, stall_timeout=timedelta(seconds=1),
+                            shutdown_timeout=timedelta(seconds=5))
+            thread = threading.Thread(target=worker.run, daemon=True)
+            with caplog.at_level("ERROR", logger="sa_jobqueue.worker"):
+                thread.start()
+                try:
+                    wait_for(lambda: completed(first), 60, "the first job to complete")
+                    # Idle now: the slot's connection is back in the pool, where it goes half-open.
+                    wait_for(lambda: app.pool.checkedout() == 0, 30, "the connection back in the pool")  # type: ignore[attr-defined]
+                    assert proxy.half_open(client_ports={ports[0]}) == 1
+                    with Session(engine) as session, session.begin():
+                        second = jobs.enqueue(session, "write").id
+                    wait_for(lambda: completed(second), 60, "the second job to complete on a new connection")
+                finally:
+                    worker.stop()
+                    thread.join(30)
+                    proxy.stop()  # the stalled ping fails; its replaced thread gives the connection back and ends
+            assert not thread.is_alive()
+            assert runs == [(first, 1), (second, 1)]  # its attempt not spent on the stalled checkout
+            assert ports[1] != ports[0]
+            assert any("waited 1 s for a connection; its thread is replaced" in r.getMessage()
+                       for r in caplog.records)
+        finally:
+            proxy.stop()
+            app.dispose()
+
+
 def test_a_watched_connection_keeps_its_own_cursor_class(db_url: URL) -> None:
     """An application that makes client-side-binding cursors (``ClientCursor``,
     as behind PgBouncer) keeps them while a job holds the connection."""

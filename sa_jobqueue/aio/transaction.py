@@ -1,7 +1,7 @@
 """The asyncio worker's transaction mode: a batch claimed, run and finished in one transaction.
 
 As in the thread worker (:mod:`sa_jobqueue.worker.transaction`), and with
-its :class:`~sa_jobqueue.worker.transaction.BatchReport`: up to
+its :class:`~sa_jobqueue.worker.batch_report.BatchReport`: up to
 ``concurrency`` batches at once, each a task holding one ``AsyncSession``
 of the application's; the batch's claim holds the row locks until it
 commits; each job runs in a SAVEPOINT (a failure rolls back only its job,
@@ -46,10 +46,10 @@ from .. import signals
 from ..connections import driver_backend_pid, is_fatal_to_connection
 from ..results import result_to_store, store_results
 from ..runnable import RunnableTask
+from ..worker.batch_report import BatchReport
 from ..worker.context import READ_COMMITTED, WorkerContext
 from ..worker.failures import failure_of, record_failure, refuse_awaitable, timeout_failure
 from ..worker.group import batch_parts, is_grouped
-from ..worker.transaction import BatchReport
 from .executor import cancel_backend
 from .slots import wait_set
 from .watchdog import JobWatch, not_watched

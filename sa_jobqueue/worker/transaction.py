@@ -19,6 +19,11 @@ has not returned a grace later (a hang in Python) holds the batch's
 transaction: its thread is given up on and replaced, and the batch's
 connection is terminated, which rolls the batch back (its jobs are pending
 again, their attempts not counted, as after any crash in this mode).
+
+A batch whose session stalls in the pool's checkout (a pre-ping on a
+half-open path, which the watchdog cannot see) for ``stall_timeout`` is
+given up: its thread is replaced, and since it claimed nothing, nothing is
+handed back.
 """
 
 from __future__ import annotations
@@ -26,16 +31,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import Connection, func, select
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from .. import signals
 from ..connections import backend_pid, is_fatal_to_connection
 from ..results import result_to_store, store_results
+from .batch_report import BatchReport
 from .books import Held
 from .context import READ_COMMITTED, WorkerContext
 from .deadlines import check_stuck, grace
@@ -46,57 +51,6 @@ from .slots import Slots
 log = logging.getLogger("sa_jobqueue.worker")
 
 
-@dataclass
-class BatchReport:
-    """What one batch did, counted and signalled once its transaction committed."""
-
-    outcomes: list[str] = field(default_factory=list)
-    succeeded: list[tuple[Any, float]] = field(default_factory=list)  # (job, duration)
-    failed: list[tuple[Any, BaseException | None, str, float]] = field(default_factory=list)
-    unstarted: list[Any] = field(default_factory=list)
-    ran_ok: list[tuple[Any, float]] = field(default_factory=list)  # (job, duration), not completed yet
-
-    def group_failed_at_flush(self, name: str, ran: list[tuple[Any, float]], exc: BaseException) -> list[Any]:
-        """A group's writes failed at its flush, where no handler is to blame:
-        log it and return its jobs, each to run again alone."""
-        log.info("worker %s: the writes of a group of %s job(s) failed at its flush (%r); each runs again alone",
-                 name, len(ran), exc)
-        return [job for job, _ in ran]
-
-    def ran(self, job: Any, outcome: str | None, error: BaseException | None, duration: float) -> None:
-        """A job of the batch ran: ``outcome`` None when it succeeded, else its new status."""
-        if outcome is None:
-            self.ran_ok.append((job, duration))
-        else:
-            self.outcomes.append(outcome)
-            self.failed.append((job, error, outcome, duration))
-
-    def finish(self, session: Session, repo: Any) -> None:
-        """In the batch's transaction: complete the jobs that ran well in one
-        statement, hand back the unstarted ones."""
-        succeeded = self.ran_ok
-        # The batch holds its row locks, so the fences always pass here.
-        finished = repo.complete_many(session, [job for job, _ in succeeded])
-        self.outcomes += ["completed" if job.id in finished else "lost" for job, _ in succeeded]
-        self.succeeded = [(job, duration) for job, duration in succeeded if job.id in finished]
-        if self.unstarted:
-            self.outcomes += ["handed_back"] * len(repo.hand_back(session, self.unstarted))
-
-    def settle(self, ctx: WorkerContext) -> None:
-        """The batch committed: count its outcomes and tell the receivers (both drivers)."""
-        for outcome in self.outcomes:
-            ctx.books.count(outcome)
-        if self.unstarted:
-            log.info("worker %s: handed back %s claimed job(s) not started: %s", ctx.name, len(self.unstarted),
-                     ", ".join(str(job.id) for job in self.unstarted))
-        for job, duration in self.succeeded:
-            ctx.books.tally(job, "completed")
-            signals.send(signals.job_succeeded, ctx.sender, job=job, duration=duration)
-        for job, error, status, duration in self.failed:
-            ctx.books.tally(job, "failed")
-            signals.send_failure(ctx.sender, job, error, status, duration)
-
-
 class TransactionMode:
     """The transaction-mode strategy of a worker's loop."""
 
@@ -104,6 +58,8 @@ class TransactionMode:
         self.ctx = ctx
         self.slots = Slots(ctx.options.concurrency, name="sa_jobqueue", on_done=lambda _: ctx.wake.set())
         self._running: dict[int, Held] = {}  # the job each slot thread runs, by thread
+        self._connecting: dict[int, float] = {}  # by slot thread: when its batch's checkout began
+        self._given_up: set[int] = set()  # slot threads replaced while their checkout stalled
         self._lock = threading.Lock()
 
     # -- the loop's step -----------------------------------------------------
@@ -120,13 +76,20 @@ class TransactionMode:
         return False
 
     def sleep(self, now: float, deadline: float) -> float:
+        stall = self.ctx.options.stall_timeout
         with self._lock:
             due = [h.deadline + (grace(h) if h.timed_out else 0.0) for h in self._running.values()
                    if h.deadline is not None]
+            if stall is not None:
+                due += [since + stall.total_seconds() for since in self._connecting.values()]
         return self.ctx.pacer.sleep(now, busy=len(self.slots) > 0, deadline=min([deadline, *due]))
 
     def watch(self, now: float) -> None:
-        """Cancel the statements of jobs past their deadline; end batches stuck past the grace."""
+        """Cancel the statements of jobs past their deadline; end batches stuck past the grace;
+        give up on batches stalled in their session's checkout."""
+        stall = self.ctx.options.stall_timeout
+        if stall is not None:
+            self._give_up_connecting(now, stall.total_seconds())
         with self._lock:
             running = list(self._running.values())
         for held in running:
@@ -147,6 +110,21 @@ class TransactionMode:
                           held.job.task, grace(held), self.slots.stuck)
         check_stuck(self.ctx, self.slots)
 
+    def _give_up_connecting(self, now: float, stall: float) -> None:
+        """A batch's session stalled in the pool's checkout (a pre-ping on a
+        half-open path, before the batch holds the connection, so the
+        watchdog cannot see it): replace its thread. The batch has claimed
+        nothing, so nothing is handed back; if the checkout ever returns, its
+        thread gives the connection back and ends (:meth:`_connect`)."""
+        with self._lock:  # decided here or by the thread leaving its checkout, never both
+            for ident, since in self._connecting.items():
+                if now - since < stall or ident in self._given_up:
+                    continue
+                if self.slots.abandon(ident, stuck=False):
+                    self._given_up.add(ident)
+                    log.error("worker %s: a batch's session has waited %.0f s for a connection; its thread is "
+                              "replaced and the batch given up before it claimed anything", self.ctx.name, stall)
+
     def _signal_backend(self, held: Held, function: str) -> None:
         if held.backend_pid is None:
             return
@@ -163,15 +141,8 @@ class TransactionMode:
         ctx = self.ctx
         with ctx.sessions() as session:
             session.begin()
-            try:
-                connection = session.connection(execution_options=READ_COMMITTED)
-            except sa_exc.TimeoutError:
-                pool = getattr(ctx.sessions.kw.get("bind"), "pool", None)
-                log.error("worker %s: a batch could not get a connection: the jobs' pool is exhausted (%s); this "
-                          "worker's batches hold %s of them, so the others are held elsewhere (a handler that keeps "
-                          "a session open leaks one per job)", ctx.name,
-                          pool.status() if pool is not None else "unknown pool", len(self.slots) - 1)
-                ctx.back_off()
+            connection = self._connect(session)
+            if connection is None:
                 return False
             watch = ctx.watch(connection)
             try:
@@ -189,6 +160,30 @@ class TransactionMode:
             return False
         batch.settle(ctx)  # committed: now count, and tell the receivers
         return True
+
+    def _connect(self, session: Session) -> Connection | None:
+        """The batch's READ COMMITTED connection; None when it has none: the
+        pool is exhausted, or the checkout stalled and :meth:`watch` gave up
+        on it (this thread was replaced meanwhile)."""
+        ctx, ident = self.ctx, threading.get_ident()
+        with self._lock:
+            self._connecting[ident] = time.monotonic()
+        connection: Connection | None = None
+        try:
+            connection = session.connection(execution_options=READ_COMMITTED)
+        except sa_exc.TimeoutError:
+            pool = getattr(ctx.sessions.kw.get("bind"), "pool", None)
+            log.error("worker %s: a batch could not get a connection: the jobs' pool is exhausted (%s); this "
+                      "worker's batches hold %s of them, so the others are held elsewhere (a handler that keeps "
+                      "a session open leaks one per job)", ctx.name,
+                      pool.status() if pool is not None else "unknown pool", len(self.slots) - 1)
+            ctx.back_off()
+        finally:
+            with self._lock:
+                del self._connecting[ident]
+                replaced = ident in self._given_up
+                self._given_up.discard(ident)
+        return None if replaced else connection
 
     def _run_batch(self, session: Session, pid: int | None) -> BatchReport | None:
         """Claim and run one batch on ``session``'s transaction; None when nothing was claimable."""
