@@ -255,6 +255,15 @@ async def test_a_session_stalled_in_the_pools_checkout_is_given_up_and_the_job_h
                 ports.append(await _client_port(session))
                 session.add(Ledger(job_id=job.id))
 
+            frozen: list[int] = []
+
+            @event.listens_for(app.sync_engine, "checkin")
+            def freeze_in_the_pool(*args: object) -> None:
+                # As the first job's connection is back in the pool, and before
+                # another checkout (a transaction-mode probe) can take it.
+                if ports and not frozen:
+                    frozen.append(proxy.half_open(client_ports={ports[0]}))
+
             async with sessions.begin() as session:
                 first = (await jobs.enqueue(session, "write")).id
             worker = AsyncWorker(sessions, jobs, registry, concurrency=1, poll_interval=0.05, listen=False,
@@ -265,7 +274,7 @@ async def test_a_session_stalled_in_the_pools_checkout_is_given_up_and_the_job_h
                 try:
                     await _wait(lambda: asyncio.to_thread(lambda: _completed(engine, first)), 60,
                                 "the first job to complete")
-                    assert proxy.half_open(client_ports={ports[0]}) == 1  # the pooled connection
+                    assert frozen == [1]  # the pooled connection
                     async with async_sessionmaker(create_async_engine(db_url, poolclass=NullPool)).begin() as s:
                         second = (await jobs.enqueue(s, "write")).id
                     await _wait(lambda: asyncio.to_thread(lambda: _completed(engine, second)), 60,

@@ -266,6 +266,15 @@ def test_a_session_stalled_in_the_pools_checkout_is_given_up(
                     return session.get(TaskJob, job_id) is None and bool(
                         session.scalars(select(Ledger.job_id).where(Ledger.job_id == job_id)).all())
 
+            frozen: list[int] = []
+
+            @event.listens_for(app, "checkin")
+            def freeze_in_the_pool(*args: object) -> None:
+                # As the first job's connection is back in the pool, and before
+                # another checkout (a transaction-mode probe) can take it.
+                if ports and not frozen:
+                    frozen.append(proxy.half_open(client_ports={ports[0]}))
+
             with Session(engine) as session, session.begin():
                 first = jobs.enqueue(session, "write").id
             worker = Worker(sessionmaker(app, expire_on_commit=False), jobs, registry, mode=mode, concurrency=1,
@@ -276,9 +285,8 @@ def test_a_session_stalled_in_the_pools_checkout_is_given_up(
                 thread.start()
                 try:
                     wait_for(lambda: completed(first), 60, "the first job to complete")
-                    # Idle now: the slot's connection is back in the pool, where it goes half-open.
-                    wait_for(lambda: app.pool.checkedout() == 0, 30, "the connection back in the pool")  # type: ignore[attr-defined]
-                    assert proxy.half_open(client_ports={ports[0]}) == 1
+                    wait_for(lambda: bool(frozen), 30, "the first job's connection frozen as it went back to the pool")
+                    assert frozen == [1]
                     with Session(engine) as session, session.begin():
                         second = jobs.enqueue(session, "write").id
                     wait_for(lambda: completed(second), 60, "the second job to complete on a new connection")
