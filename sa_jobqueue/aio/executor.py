@@ -38,15 +38,16 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from .. import signals
-from ..connections import driver_backend_pid, is_fatal_to_connection
+from ..connections import is_fatal_to_connection
 from ..errors import JobLostError
 from ..results import result_to_store, store_results
 from ..runnable import RunnableTask
 from ..worker.books import Held
-from ..worker.context import READ_COMMITTED, WorkerContext
+from ..worker.context import WorkerContext
 from ..worker.executor import JobExecutor, hand_back, start_job
 from ..worker.failures import Failure, failure_of
 from .bridge import in_greenlet
+from .job_sessions import AsyncJobSessions
 from .watchdog import JobWatch, not_watched
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -67,11 +68,11 @@ class AsyncJobExecutor:
         watch_job: Callable[[AsyncConnection, Any], JobWatch] = not_watched,
     ) -> None:
         self.ctx = ctx
-        self.sessions = sessions
         self.threads = threads
         self.in_thread = in_thread  # runs sync handlers that take a session (None: no sync_bind)
         self.steps = JobExecutor(ctx)  # the shared failure and cancel steps, run in the greenlet
         self.session_permits = session_permits
+        self.job_sessions = AsyncJobSessions(sessions)  # connections kept while jobs wait (lease mode)
         self.watch_job = watch_job  # the watchdog's watch of a job's connection while it holds it
 
     async def run(self, held: Held) -> None:
@@ -166,26 +167,26 @@ class AsyncJobExecutor:
             return
         held.connecting_since = time.monotonic()  # the lease mode's watch gives up on a stalled checkout
         try:
-            async with self.sessions() as session:
-                try:
-                    connection = await session.connection(execution_options=READ_COMMITTED)
-                    raw = await connection.get_raw_connection()
-                    held.backend_pid = driver_backend_pid(raw.driver_connection)
-                except asyncio.CancelledError:
-                    await in_greenlet(hand_back, ctx, [held])
-                    return
-                except Exception as exc:
-                    await self.hand_back_unstarted([held], exc)
-                    return
-                finally:
-                    held.connecting_since = None
-                ctx.session_opened(1)
-                watch = self.watch_job(connection, raw.driver_connection)
-                try:
-                    await self._attempt(held, task, session, connection, watch)
-                finally:
-                    watch.release()
-                    ctx.session_opened(-1)
+            try:
+                opened = await self.job_sessions.open()
+            except asyncio.CancelledError:
+                await in_greenlet(hand_back, ctx, [held])
+                return
+            except Exception as exc:
+                await self.hand_back_unstarted([held], exc)
+                return
+            finally:
+                held.connecting_since = None
+            held.backend_pid = opened.pid
+            ctx.session_opened(1)
+            watch = self.watch_job(opened.connection, opened.driver_connection)
+            try:
+                await self._attempt(held, task, opened.session, opened.connection, watch)
+            finally:
+                watch.release()
+                ctx.session_opened(-1)
+                held.backend_pid = None  # before the connection serves another job: no cancel of its statement
+                await self.job_sessions.close(opened)
         finally:
             self.session_permits.release()
 

@@ -40,16 +40,16 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from .. import signals
-from ..connections import driver_backend_pid
 from ..runnable import RunnableTask
 from ..worker.books import Held
-from ..worker.context import READ_COMMITTED, WorkerContext
+from ..worker.context import WorkerContext
 from ..worker.executor import JobExecutor, hand_back, start_job
 from ..worker.group import count_lost, is_grouped
 from .bridge import in_greenlet
+from .job_sessions import AsyncJobSessions
 from .watchdog import JobWatch
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -67,7 +67,7 @@ class Executor(Protocol):
     """What groups need of :class:`~sa_jobqueue.aio.executor.AsyncJobExecutor`."""
 
     ctx: WorkerContext
-    sessions: async_sessionmaker[AsyncSession]
+    job_sessions: AsyncJobSessions
     session_permits: asyncio.Semaphore
     steps: JobExecutor
     watch_job: Callable[[AsyncConnection, Any], JobWatch]
@@ -121,31 +121,30 @@ class AsyncGroupRunner:
     async def _in_session(self, group: list[Held]) -> list[Held]:
         ctx, leader = self.ctx, group[0]
         leader.connecting_since = time.monotonic()  # the lease mode's watch gives up on a stalled checkout
-        async with self.executor.sessions() as session:
-            try:
-                connection = await session.connection(execution_options=READ_COMMITTED)
-                raw = await connection.get_raw_connection()
-            except asyncio.CancelledError:  # a stop, or the checkout stalled: all of the group goes back
-                await self._hand_back(group, "its session was given up on while connecting")
-                return []
-            except Exception as exc:
-                await self.executor.hand_back_unstarted(group, exc)
-                return []
-            finally:
-                leader.connecting_since = None
-            pid = driver_backend_pid(raw.driver_connection)
-            for held in group:
-                held.backend_pid = pid
-            ctx.session_opened(1)
-            watch = self.executor.watch_job(connection, raw.driver_connection)
-            try:
-                return await self._attempt(group, session, connection, watch)
-            finally:
-                watch.release()
-                ctx.session_opened(-1)
-                for held in group:  # before the connection serves another job: no cancel of its statement
-                    held.task = held.backend_pid = None
-                    held.finished = True
+        sessions = self.executor.job_sessions
+        try:
+            opened = await sessions.open()
+        except asyncio.CancelledError:  # a stop, or the checkout stalled: all of the group goes back
+            await self._hand_back(group, "its session was given up on while connecting")
+            return []
+        except Exception as exc:
+            await self.executor.hand_back_unstarted(group, exc)
+            return []
+        finally:
+            leader.connecting_since = None
+        for held in group:
+            held.backend_pid = opened.pid
+        ctx.session_opened(1)
+        watch = self.executor.watch_job(opened.connection, opened.driver_connection)
+        try:
+            return await self._attempt(group, opened.session, opened.connection, watch)
+        finally:
+            watch.release()
+            ctx.session_opened(-1)
+            for held in group:  # before the connection serves another job: no cancel of its statement
+                held.task = held.backend_pid = None
+                held.finished = True
+            await sessions.close(opened)
 
     async def _attempt(self, group: list[Held], session: AsyncSession, connection: AsyncConnection,
                        watch: JobWatch) -> list[Held]:

@@ -63,6 +63,7 @@ class AsyncLeaseMode:
         self.groups = AsyncGroupRunner(executor, self.stopping)
         self.slots = JobSlots(ctx.options.concurrency, executor.run, on_done=self._slot_done,
                               run_group=self.groups.run)
+        executor.job_sessions.jobs_wait = self.slots.jobs_wait  # a job's connection is kept for the next
         # A claim's grouped jobs are spread over the groups that can run at
         # once: one per slot, as in the thread worker, but each holds a session.
         self._spread = min(ctx.options.concurrency, sessions or ctx.options.concurrency)

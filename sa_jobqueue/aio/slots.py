@@ -7,6 +7,7 @@ run, then runs as a task of its own; a group of jobs (grouped commits,
 ``run_group``. What a caller may rely on:
 
 * ``len()`` counts the jobs held: ready and running, a group by its jobs;
+  :meth:`jobs_wait` tells whether any is ready and not running;
 * :meth:`take_results` reports how many tasks ended since the last call;
 * :meth:`take_unstarted` empties the ready queue (for a hand back), groups
   taken apart into their jobs;
@@ -66,6 +67,10 @@ class JobSlots:
         self._ready.append(held)
         self._held += len(held) if isinstance(held, list) else 1
         self._start_ready()
+
+    def jobs_wait(self) -> bool:
+        """Whether claimed jobs wait in the ready queue for a task to run them."""
+        return bool(self._ready)
 
     def take_results(self) -> tuple[int, int]:
         """Tasks ended since the last call (a group's is one), and jobs held now."""

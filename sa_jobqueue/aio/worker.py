@@ -14,13 +14,12 @@ run on the event loop through SQLAlchemy's greenlet
 (:mod:`~sa_jobqueue.aio.executor`), ``concurrency`` of them at once.
 
 Connections (the budget docs/asyncio.md states): jobs whose handler takes a
-session hold one connection each of the application's ``AsyncEngine`` while
-they run, at most ``max_sessions`` at once (the engine's ``pool_size +
-max_overflow`` unless told); the worker's own statements run in autocommit
-on a pool of its own of at most 2 * (CLAIMERS + 1) connections, connected
-exactly as the application's engine connects; the listener holds one more.
-Sync handlers that take a session hold one of ``sync_bind``'s, at most
-``threads`` at once.
+session hold one connection each of the application's ``AsyncEngine``, at
+most ``max_sessions`` at once (its ``pool_size + max_overflow`` unless told),
+kept for the next job while claimed jobs wait (:mod:`~sa_jobqueue.aio.job_sessions`); the
+worker's own statements run in autocommit on a pool of its own of at most
+2 * (CLAIMERS + 1) connections; the listener holds one more. Sync handlers
+that take a session hold one of ``sync_bind``'s, at most ``threads`` at once.
 """
 
 from __future__ import annotations
@@ -200,6 +199,7 @@ class AsyncWorker(WorkerFace):
             if mode.busy:  # an error, or a stop at once: nothing more is recorded
                 mode.abort()
                 await mode.wait_idle(1.0)
+            await executor.job_sessions.release_idle()  # kept for jobs that a stop handed back
             await in_greenlet(presence.withdraw)
             if listener is not None:
                 await listener.stop()
