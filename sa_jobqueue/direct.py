@@ -20,7 +20,10 @@ returned columns need a type's result processor, an engine with ``echo`` or with
 listeners for ``before_cursor_execute``, ``after_cursor_execute`` or
 ``handle_error`` other than the worker's own (SQL logging, tracing, error translation see every
 statement, as they always did), a connection with a
-``schema_translate_map``. Parameters go through their types' bind
+``schema_translate_map``. The worker's own statement listeners (the asyncio
+watchdog's, which only mark a statement in flight and are named so by the
+attribute :data:`MARKS_ONLY`) are no reason to fall back: a direct
+statement calls them itself, before and after it, as SQLAlchemy would. Parameters go through their types' bind
 processors, as SQLAlchemy sends them. A driver error is raised as SQLAlchemy
 would raise it (:class:`sqlalchemy.exc.DBAPIError` with the driver's
 error as ``orig``), and a disconnect invalidates the connection.
@@ -43,6 +46,15 @@ from sqlalchemy.sql.expression import Executable
 # changes only the errors of the worker's own engines. Named, not imported:
 # this module stays a leaf of the imports.
 _OWN_LISTENERS = "sa_jobqueue.connections"
+
+#: Set (to True) on a ``before_cursor_execute`` (registered with
+#: ``retval=True``) or ``after_cursor_execute`` listener that neither reads
+#: nor changes a statement, only marks that one is in flight: a direct
+#: statement runs it itself instead of falling back to SQLAlchemy.
+MARKS_ONLY = "_sa_jobqueue_marks_only"
+
+_Listeners = tuple[tuple[Callable[..., Any], ...], tuple[Callable[..., Any], ...]]
+_UNMARKED: _Listeners = ((), ())
 
 
 @dataclass(frozen=True)
@@ -79,30 +91,38 @@ class DirectStatement:
         value's text), sent as they are when the statement goes straight to the driver;
         through SQLAlchemy their ``params`` value is sent, processed."""
         dbapi_connection = connection.connection.dbapi_connection
-        direct = self._direct(connection, params) if _drivable(dbapi_connection) else None
+        marks = _marks(connection) if _drivable(dbapi_connection) else None
+        direct = self._direct(connection, params) if marks is not None else None
         if direct is None:
             return connection.execute(self.statement, params).all()
-        assert dbapi_connection is not None
+        assert dbapi_connection is not None and marks is not None
         sent = {**direct.values, **params} if direct.values else dict(params)
         for name, convert in direct.convert.items():
             if encoded is None or name not in encoded:
                 sent[name] = convert(sent[name])
         if encoded:
             sent.update(encoded)
+        before, after = marks
         cursor = dbapi_connection.cursor()
         try:
+            for mark in before:
+                mark(connection, cursor, direct.sql, sent, None, False)
             if direct.positions is None:
                 cursor.execute(direct.sql, sent)
-                return cursor.fetchall()
-            cursor.execute(direct.sql, tuple(sent[name] for name in direct.positions))
-            return [tuple(row) for row in cursor.fetchall()]  # asyncpg's Records
+                rows: Sequence[Any] = cursor.fetchall()
+            else:
+                cursor.execute(direct.sql, tuple(sent[name] for name in direct.positions))
+                rows = [tuple(row) for row in cursor.fetchall()]  # asyncpg's Records
+            for mark in after:  # as SQLAlchemy: only once the statement returned
+                mark(connection, cursor, direct.sql, sent, None, False)
+            return rows
         except connection.dialect.loaded_dbapi.Error as exc:  # the adapters' errors (asyncpg's translated)
             raise _wrapped(connection, direct.sql, sent, exc, cursor) from exc
         finally:
             cursor.close()
 
     def _direct(self, connection: Connection, params: Mapping[str, Any]) -> _Compiled | None:
-        if connection.engine.echo or _observed(connection):
+        if connection.engine.echo:
             return None
         if connection.get_execution_options().get("schema_translate_map"):
             return None  # the schema is chosen at execution
@@ -129,15 +149,23 @@ def _drivable(dbapi_connection: Any) -> bool:
     return isinstance(raw, psycopg.AsyncConnection) or type(raw).__module__.split(".")[0] == "asyncpg"
 
 
-def _observed(connection: Connection) -> bool:
-    """Whether listeners would see (or change) this connection's statements.
-    The worker's own ``handle_error`` does not count: it changes only the
-    errors of the worker's own engines."""
+def _marks(connection: Connection) -> _Listeners | None:
+    """The statement listeners a direct statement on ``connection`` runs
+    itself (those named :data:`MARKS_ONLY`: before, after), or None when
+    listeners would see (or change) its statements. The worker's own
+    ``handle_error`` does not count: it changes only the errors of the
+    worker's own engines."""
     dispatch: Any = connection.dispatch
-    if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
-        return True
+    before, after = dispatch.before_cursor_execute, dispatch.after_cursor_execute
+    marks = _UNMARKED
+    if before or after:
+        marks = tuple(before), tuple(after)
+        if not all(getattr(listener, MARKS_ONLY, False) for listener in (*marks[0], *marks[1])):
+            return None
     handlers: Any = connection.dialect.dispatch.handle_error
-    return any(getattr(handler, "__module__", None) != _OWN_LISTENERS for handler in handlers)
+    if any(getattr(handler, "__module__", None) != _OWN_LISTENERS for handler in handlers):
+        return None
+    return marks
 
 
 def _compile(statement: Executable, dialect: Dialect, names: tuple[str, ...]) -> _Compiled | None:

@@ -226,6 +226,45 @@ async def test_a_jobs_commit_stalled_on_the_network_is_freed(
         assert s.get(TaskJob, job_id) is None  # completed once
 
 
+async def test_a_jobs_completion_stalled_on_the_network_is_freed(
+    proxied: tuple[TcpProxy, AsyncEngine], engine: Engine
+) -> None:
+    """The fenced completion, which the worker sends straight through the
+    driver (:mod:`sa_jobqueue.direct`), is in flight for the watchdog as
+    SQLAlchemy's statements are: the handler writes nothing, so the first
+    statement after its connection is frozen is the completion; the watchdog
+    ends it, and the job runs again and completes. Unwatched, the completion
+    would wait forever and the job with it."""
+    proxy, app = proxied
+    runs: list[int] = []
+    frozen: list[int] = []
+    registry = TaskRegistry()
+
+    @registry.task(retry=RetryPolicy(base=timedelta(0), jitter=0.0))
+    async def completion_stalls_once(job: TaskJob, session: AsyncSession) -> None:
+        runs.append(job.id)
+        port = await _client_port(session)
+        if not frozen:
+            frozen.append(proxy.half_open(client_ports={port}))
+
+    async with AsyncSession(app) as session, session.begin():
+        job_id = (await jobs.enqueue(session, "completion_stalls_once")).id
+    worker = AsyncWorker(app, jobs, registry, concurrency=1, poll_interval=0.05, listen=False,
+                         stall_timeout=timedelta(seconds=1), shutdown_timeout=timedelta(seconds=5))
+    running = asyncio.ensure_future(worker.run(handle_signals=False))
+
+    def completed() -> bool:
+        with Session(engine) as s:
+            return s.get(TaskJob, job_id) is None
+
+    try:
+        await _wait(lambda: asyncio.to_thread(completed), 60, "the job to complete after its stalled completion")
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 30)
+    assert frozen == [1] and runs == [job_id, job_id]
+
+
 @pytest.mark.parametrize("mode", ["lease", "transaction"])
 async def test_a_session_stalled_in_the_pools_checkout_is_given_up_and_the_job_handed_back(
     db_url: URL, async_driver: str, engine: Engine, caplog: pytest.LogCaptureFixture, mode: str

@@ -18,7 +18,7 @@ from waiting import backend_exists, wait_for
 
 from sa_jobqueue import JobLostError
 from sa_jobqueue.aio import AsyncJobRepository
-from sa_jobqueue.direct import DirectStatement
+from sa_jobqueue.direct import MARKS_ONLY, DirectStatement
 
 LEASE = timedelta(minutes=5)
 async_jobs = AsyncJobRepository(TaskJob)
@@ -155,6 +155,47 @@ def test_parameters_go_through_their_types_as_sqlalchemy_sends_them(engine: Engi
         assert conn.execute(select(TaskJob.queue, TaskJob.payload).where(TaskJob.id == other[0])).one() == (
             "other", None)
         conn.rollback()
+
+
+def test_listeners_that_only_mark_statements_are_run_by_it_and_are_no_reason_to_fall_back(engine: Engine) -> None:
+    """The asyncio watchdog's listeners (named by ``MARKS_ONLY``) mark each
+    statement in flight: a direct statement calls them itself, before and
+    after, and still goes straight to the driver; any other listener beside
+    them sends it through SQLAlchemy."""
+    direct = DirectStatement(select(func.pg_backend_pid().label("pid"), text(":n AS n")))
+    calls: list[tuple[str, str]] = []
+
+    def before(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> tuple[str, Any]:
+        calls.append(("before", statement))
+        return statement, parameters
+
+    def after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        calls.append(("after", statement))
+
+    def other(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        calls.append(("other", statement))
+
+    setattr(before, MARKS_ONLY, True)
+    setattr(after, MARKS_ONLY, True)
+    event.listen(engine, "before_cursor_execute", before, retval=True)
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        with engine.connect() as conn:
+            [row] = direct.rows(conn, {"n": 7})
+            assert type(row) is tuple and row[1] == 7  # psycopg's own row: SQLAlchemy did not run it
+            assert [name for name, _ in calls] == ["before", "after"]
+            assert calls[0][1] == calls[1][1] and "pg_backend_pid" in calls[0][1]
+            calls.clear()
+            event.listen(engine, "after_cursor_execute", other)
+            try:
+                [row] = direct.rows(conn, {"n": 8})
+            finally:
+                event.remove(engine, "after_cursor_execute", other)
+            assert type(row) is not tuple and row.n == 8  # through SQLAlchemy: every listener sees it
+            assert sorted(name for name, _ in calls) == ["after", "before", "other"]
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+        event.remove(engine, "after_cursor_execute", after)
 
 
 # -- an AsyncSession's statements: psycopg's async driver through SQLAlchemy's DBAPI adapter -----------------

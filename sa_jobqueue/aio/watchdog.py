@@ -19,7 +19,11 @@ registered once, on the worker's own engine and, while the worker runs, on
 the application's: a statement of a connection no job holds costs them one
 lookup in its connection's ``info``. (Listeners added and removed per job,
 on the job's ``Connection`` alone, cost about 50 µs per job on psycopg,
-and the session drain measured 0.8x with them: docs/asyncio.md.)
+and the session drain measured 0.8x with them: docs/asyncio.md.) They only
+mark statements, and say so (:data:`sa_jobqueue.direct.MARKS_ONLY`): the
+library's statements sent straight through the driver (a claim, a
+completion, an enqueue) call them themselves instead of taking SQLAlchemy's
+slower path because a listener is there.
 
 The judgment is the thread watchdog's (:mod:`sa_jobqueue.stalls`): every
 ``interval`` the watchdog's task looks at the statements in flight for
@@ -57,6 +61,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..connections import driver_backend_pid, driver_connect, raw_connect
+from ..direct import MARKS_ONLY
 from ..inflight import ConnectionWatch
 from ..sockets import shutdown_socket
 from ..stalls import is_stalled, suspects
@@ -254,25 +259,30 @@ class AsyncWatchdog:
         its pool) marking the statements of the connections ``record_of``
         finds a record for; returns the undo."""
 
-        def before(conn: Any, *_: Any) -> None:
+        def before(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> tuple[str, Any]:
             record = record_of(conn)
             if record is not None:
                 record.started()
+            return statement, parameters  # unchanged (retval=True, so that SQLAlchemy keeps it unwrapped)
 
         def ended(conn: Any, *_: Any) -> None:
             record = record_of(conn)
             if record is not None:
                 record.ended()  # a reply, a ROLLBACK after a statement that raised
 
-        listeners: list[tuple[Any, str, Callable[..., None]]] = [
-            (engine, "before_cursor_execute", before), (engine, "after_cursor_execute", ended),
-            (engine, "rollback", ended),
+        # They only mark statements in flight: the library's direct statements
+        # run them themselves rather than take SQLAlchemy's slower path.
+        setattr(before, MARKS_ONLY, True)
+        setattr(ended, MARKS_ONLY, True)
+        listeners: list[tuple[Any, str, Callable[..., Any], dict[str, bool]]] = [
+            (engine, "before_cursor_execute", before, {"retval": True}),
+            (engine, "after_cursor_execute", ended, {}), (engine, "rollback", ended, {}),
         ]
-        for target, name, fn in listeners:
-            event.listen(target, name, fn)
+        for target, name, fn, options in listeners:
+            event.listen(target, name, fn, **options)
 
         def unlisten() -> None:
-            for target, name, fn in listeners:
+            for target, name, fn, _ in listeners:
                 event.remove(target, name, fn)
 
         return unlisten
