@@ -277,6 +277,56 @@ def run_sajq_async(args: argparse.Namespace) -> dict[str, Any]:
     return asyncio.run(drain())
 
 
+def run_textbook_async(args: argparse.Namespace) -> dict[str, Any]:
+    """The textbook loop with the ledger row, written with SQLAlchemy's
+    asyncio API on ``--driver``: C tasks, each holding one connection, and per
+    job a fresh AsyncSession on it that claims one job, writes its ledger
+    row, deletes it and commits. What path (b) of the asyncio worker does,
+    done naively on the same stack: its ratio to this loop is the worker's
+    own cost, apart from AsyncSession's and the async driver's."""
+    import asyncio
+
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    url = sqlalchemy_url(args.dsn).set(drivername=f"postgresql+{args.driver}")
+    claim = text(TEXTBOOK_CLAIM.replace("%s", ":queue"))
+    add_row, delete = text(LEDGER_INSERT.replace("%s", ":id")), text(TEXTBOOK_DELETE.replace("%s", ":id"))
+    ids: list[list[int]] = [[] for _ in range(args.concurrency)]
+
+    async def loop(engine: Any, index: int, go: asyncio.Event) -> None:
+        done = ids[index]
+        async with engine.connect() as conn:
+            await go.wait()
+            while True:
+                async with AsyncSession(conn) as session:
+                    row = (await session.execute(claim, {"queue": QUEUE})).first()
+                    if row is None:
+                        await session.commit()
+                        return
+                    await session.execute(add_row, {"id": row[0]})
+                    await session.execute(delete, {"id": row[0]})
+                    await session.commit()
+                done.append(row[0])
+
+    async def drain() -> dict[str, Any]:
+        engine = create_async_engine(url, pool_size=args.concurrency, max_overflow=0)
+        go = asyncio.Event()
+        tasks = [asyncio.ensure_future(loop(engine, i, go)) for i in range(args.concurrency)]
+        await asyncio.sleep(0.5)  # the connections made, outside the timing
+        say("ready")
+        await asyncio.to_thread(wait_for, "go")
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
+        go.set()
+        await asyncio.gather(*tasks)
+        seconds, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+        await engine.dispose()
+        return {"seconds": seconds, "cpu": cpu, "hwm_kb": hwm_kb(), "ids": [i for done in ids for i in done],
+                "stamps": {}}
+
+    return asyncio.run(drain())
+
+
 # -- the raw psycopg reference loops ----------------------------------------------
 
 
@@ -448,7 +498,8 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["sajq", "sajq-async", "textbook", "batch", "produce-sajq", "produce-raw"])
+    parser.add_argument("role", choices=["sajq", "sajq-async", "textbook", "textbook-async", "batch", "produce-sajq",
+                                         "produce-raw"])
     parser.add_argument("dsn")
     parser.add_argument("--path", choices=["a", "b", "c", "g", "t"], default="a")
     parser.add_argument("--concurrency", type=int, default=4)
@@ -456,7 +507,8 @@ def main() -> None:
     parser.add_argument("--listen", choices=["on", "off"], default=None)
     parser.add_argument("--batch-size", type=int, default=0)
     parser.add_argument("--poll", type=float, default=1.0)
-    parser.add_argument("--driver", choices=["psycopg", "asyncpg"], default="psycopg", help="sajq-async's driver")
+    parser.add_argument("--driver", choices=["psycopg", "asyncpg"], default="psycopg",
+                        help="the driver of sajq-async and textbook-async")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds each handler waits (I/O-bound jobs)")
     parser.add_argument("--rss-at", default="", help="job counts at which to sample VmHWM")
     parser.add_argument("--record", action="store_true", help="sajq: report every handler run (id, time)")
@@ -471,6 +523,8 @@ def main() -> None:
         out = run_sajq_async(args)
     elif args.role in ("textbook", "batch"):
         out = Loops(args).run(args.role)
+    elif args.role == "textbook-async":
+        out = run_textbook_async(args)
     else:
         out = produce(args)
     say(json.dumps(out))
