@@ -277,6 +277,59 @@ def run_sajq_async(args: argparse.Namespace) -> dict[str, Any]:
     return asyncio.run(drain())
 
 
+def run_textbook_session(args: argparse.Namespace) -> dict[str, Any]:
+    """The textbook loop with the ledger row, written with SQLAlchemy's
+    ``Session`` on psycopg: C threads, each holding one connection, and per
+    job a fresh Session on it that claims one job, writes its ledger row,
+    deletes it and commits. What path (b) of the thread worker does, done
+    naively on the same stack: its ratio to this loop is the worker's own
+    cost, apart from the Session's."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    engine = create_engine(sqlalchemy_url(args.dsn), pool_size=args.concurrency, max_overflow=0)
+    claim = text(TEXTBOOK_CLAIM.replace("%s", ":queue"))
+    add_row, delete = text(LEDGER_INSERT.replace("%s", ":id")), text(TEXTBOOK_DELETE.replace("%s", ":id"))
+    ids: list[list[int]] = [[] for _ in range(args.concurrency)]
+    go, errors = threading.Event(), []
+    connections = [engine.connect() for _ in range(args.concurrency)]  # made outside the timing
+
+    def loop(index: int) -> None:
+        done, conn = ids[index], connections[index]
+        go.wait()
+        try:
+            while True:
+                with Session(conn) as session:
+                    row = session.execute(claim, {"queue": QUEUE}).first()
+                    if row is None:
+                        session.commit()
+                        return
+                    session.execute(add_row, {"id": row[0]})
+                    session.execute(delete, {"id": row[0]})
+                    session.commit()
+                done.append(row[0])
+        except BaseException as exc:  # reported by the parent as a failure
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(args.concurrency)]
+    for thread in threads:
+        thread.start()
+    say("ready")
+    wait_for("go")
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    go.set()
+    for thread in threads:
+        thread.join()
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+    for conn in connections:
+        conn.close()
+    engine.dispose()
+    if errors:
+        raise errors[0]
+    return {"seconds": seconds, "cpu": cpu, "hwm_kb": hwm_kb(), "ids": [i for done in ids for i in done],
+            "stamps": {}}
+
+
 def run_textbook_async(args: argparse.Namespace) -> dict[str, Any]:
     """The textbook loop with the ledger row, written with SQLAlchemy's
     asyncio API on ``--driver``: C tasks, each holding one connection, and per
@@ -498,8 +551,8 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["sajq", "sajq-async", "textbook", "textbook-async", "batch", "produce-sajq",
-                                         "produce-raw"])
+    parser.add_argument("role", choices=["sajq", "sajq-async", "textbook", "textbook-session", "textbook-async",
+                                         "batch", "produce-sajq", "produce-raw"])
     parser.add_argument("dsn")
     parser.add_argument("--path", choices=["a", "b", "c", "g", "t"], default="a")
     parser.add_argument("--concurrency", type=int, default=4)
@@ -523,6 +576,8 @@ def main() -> None:
         out = run_sajq_async(args)
     elif args.role in ("textbook", "batch"):
         out = Loops(args).run(args.role)
+    elif args.role == "textbook-session":
+        out = run_textbook_session(args)
     elif args.role == "textbook-async":
         out = run_textbook_async(args)
     else:

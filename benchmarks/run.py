@@ -55,13 +55,16 @@ from common import (  # noqa: E402
 )
 from psycopg.types.json import Jsonb  # noqa: E402
 
-WORKLOADS = ("enqueue", "enqueue-async", "bulk", "textbook", "textbook-row", "batch", "drain-a", "drain-b", "drain-c",
+WORKLOADS = ("enqueue", "enqueue-async", "bulk", "textbook", "textbook-row", "textbook-session", "batch", "drain-a",
+             "drain-b", "drain-c",
              "drain-g", "drain-t", "drain-async",
              "latency", "io", "rss", "claim-scale")
-GROUPS = {"drain": ("textbook", "textbook-row", "batch", "drain-a", "drain-b", "drain-c", "drain-g", "drain-t")}
+GROUPS = {"drain": ("textbook", "textbook-row", "textbook-session", "batch", "drain-a", "drain-b", "drain-c", "drain-g",
+                   "drain-t")}
 # The raw loops; "textbook-row" is the textbook loop whose handler writes the ledger row of paths b, c, g
-# and t in the job's transaction: the same work as theirs, done naively.
-RAW_LOOPS = ("textbook", "textbook-row", "batch")
+# and t in the job's transaction: the same work as theirs, done naively; "textbook-session" the same
+# loop written with SQLAlchemy's Session (the same work done naively on path b's stack).
+RAW_LOOPS = ("textbook", "textbook-row", "textbook-session", "batch")
 # The textbook loop with the ledger row written with SQLAlchemy's asyncio API, one per async driver
 # (part of "drain-async"): path (b) of the asyncio worker against the same work done naively on its stack.
 TEXTBOOK_ASYNC = "textbook-async"
@@ -383,7 +386,7 @@ class Bench:
             result = out["result"]
             if result["completed"] != len(ids) or result["retried"] or result["dead"] or result["lost"]:
                 problems.append(f"WorkerResult {result} for {len(ids)} jobs")
-        writes_ledger = kind in ("textbook-row", TEXTBOOK_ASYNC, *LEDGER_PATHS)
+        writes_ledger = kind in ("textbook-row", "textbook-session", TEXTBOOK_ASYNC, *LEDGER_PATHS)
         if writes_ledger and (len(ledger) != len(ids) or set(ledger) != set(ids)):
             problems.append(f"{len(ledger)} ledger rows for {len(ids)} jobs ({len(set(ids) - set(ledger))} missing)")
         if problems:
@@ -601,14 +604,19 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
 
     drains = [("textbook", "raw textbook loop (claim 1, delete, commit per job)"),
               ("textbook-row", "raw textbook loop writing the ledger row in the job's transaction"),
+              ("textbook-session", "textbook loop writing the ledger row on SQLAlchemy's Session (a connection per "
+               "thread, a session per job)"),
               ("batch", "raw batch loop (claim 100 per CTE, delete by ANY, LISTEN)")]
     drains += [(p, f"drain ({p}) {text}") for p, text in PATHS.items()]
     for kind, label in drains:
         for c in args.concurrency:
             name = f"drain-{kind}-{c}"
-            same_work = ratio(m.get(name), m.get(f"drain-textbook-row-{c}")) if kind in LEDGER_PATHS else None
-            row(label, str(c), m.get(name), "jobs/s", m.get(f"drain-textbook-{c}"), m.get(f"drain-batch-{c}"),
-                f"{rx(same_work)} the textbook loop writing the row" if same_work is not None else "—")
+            writes_row = kind in (*LEDGER_PATHS, "textbook-session")
+            same_work = ratio(m.get(name), m.get(f"drain-textbook-row-{c}")) if writes_row else None
+            own = f"{rx(same_work)} the textbook loop writing the row" if same_work is not None else "—"
+            if kind == "b":
+                own += f", {rx(ratio(m.get(name), m.get(f'drain-textbook-session-{c}')))} the Session textbook loop"
+            row(label, str(c), m.get(name), "jobs/s", m.get(f"drain-textbook-{c}"), m.get(f"drain-batch-{c}"), own)
     if bench.wanted("drain-async"):
         for driver in ("psycopg", "asyncpg"):
             for c in args.concurrency:
@@ -732,6 +740,8 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
     # Beside it, not a target of its own: the same work (the row written in the job's transaction), done naively.
     target("1. (beside it) path b against the textbook loop writing the same row, C=4", ">= 1.0x that loop",
            ratio(m.get("drain-b-4"), m.get("drain-textbook-row-4")), lambda v: v >= 1.0)
+    target("1. (beside it) path b against the textbook loop on SQLAlchemy's Session, C=4", ">= 1.0x that loop",
+           ratio(m.get("drain-b-4"), m.get("drain-textbook-session-4")), lambda v: v >= 1.0)
     target("2. drain, grouped commits (path g), C=4", ">= 3x the textbook loop",
            ratio(m.get("drain-g-4"), m.get("drain-textbook-4")), lambda v: v >= 3)
     target("2. drain, transaction mode in batches, grouped commits (path t), C=4", ">= 3x the textbook loop",
