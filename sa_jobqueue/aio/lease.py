@@ -2,7 +2,9 @@
 
 As in the thread worker (:mod:`sa_jobqueue.worker.lease`), claims commit
 at once on the worker's own autocommit connections, up to CLAIMERS in
-flight (CLAIMERS); each claimed job is held (its lease extended by the heartbeat)
+flight, each claim on a connection kept from one claim to the next (a
+checkout and a session per claim cost a notified job about a fifth of its
+wait); each claimed job is held (its lease extended by the heartbeat)
 and runs as a task of its own (:class:`~sa_jobqueue.aio.slots.JobSlots`), or,
 for the ``async def`` handlers of ``group_commit`` tasks, in groups, a task
 and a transaction each (:mod:`~sa_jobqueue.aio.group`).
@@ -39,6 +41,8 @@ from ..worker.deadlines import record_timeout
 from ..worker.executor import hand_back
 from ..worker.group import group_sizes
 from ..worker.heartbeat import heartbeat, request_cancel
+from ..worker.held import KeptConnections
+from ..worker.lease import claim_on
 from .bridge import in_greenlet
 from .executor import AsyncJobExecutor, cancel_backend
 from .group import AsyncGroupRunner, runs_grouped
@@ -68,6 +72,8 @@ class AsyncLeaseMode:
         # once: one per slot, as in the thread worker, but each holds a session.
         self._spread = min(ctx.options.concurrency, sessions or ctx.options.concurrency)
         self.claiming: set[asyncio.Task[bool]] = set()
+        engine = ctx.control.engine  # the worker's own: its claims' connections are kept between claims
+        self._claim_connections = KeptConnections(engine) if engine is not None else None
         self._hits = self._misses = 0
         self._side_tasks: set[asyncio.Task[Any]] = set()  # time-outs and hand backs run by the watch
         self._next_connect_check = 0.0  # when the watch next looks for sessions stalled in their checkout
@@ -146,14 +152,28 @@ class AsyncLeaseMode:
             self.slots.submit(group if size > 1 else group[0])
 
     def _claim(self, repo: Any, limit: int) -> list[Any]:
+        """Claim on a kept connection of the worker's own engine (autocommit:
+        the claim commits at once), or in a transaction of the worker's control."""
         ctx = self.ctx
         queues = ctx.queues_for(repo)
         if not queues:  # every queue of this table is paused
             return []
-        with ctx.control() as session:
-            jobs: list[Any] = repo.claim(session, queues=queues, limit=limit, worker=ctx.name,
-                                         lease=ctx.options.lease)
-        return jobs
+        params = {"queues": queues, "limit": limit, "worker": ctx.name, "lease": ctx.options.lease}
+        kept = self._claim_connections
+        if kept is None:
+            with ctx.control() as session:
+                return repo.claimer.claim(session, params)  # type: ignore[no-any-return]
+        connection = kept.take()
+        try:
+            return claim_on(repo, connection, params)
+        finally:
+            kept.give(connection)
+
+    async def release_connections(self) -> None:
+        """The worker's end: the connections kept for claims and for jobs go back to their pools."""
+        if self._claim_connections is not None:
+            await in_greenlet(self._claim_connections.release)
+        await self.executor.job_sessions.release_idle()
 
     # -- duties on held jobs ---------------------------------------------------
 

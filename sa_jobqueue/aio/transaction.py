@@ -357,6 +357,9 @@ class AsyncTransactionMode:
     def abort(self) -> None:
         self.interrupt()
 
+    async def release_connections(self) -> None:
+        """The worker's end: nothing is kept between batches (each holds a session of its own)."""
+
     def describe_running(self) -> str:
         return (f"{len(self.running)} batch(es) still running; their transactions roll back, and their jobs are "
                 "pending again")

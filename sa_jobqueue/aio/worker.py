@@ -199,7 +199,7 @@ class AsyncWorker(WorkerFace):
             if mode.busy:  # an error, or a stop at once: nothing more is recorded
                 mode.abort()
                 await mode.wait_idle(1.0)
-            await executor.job_sessions.release_idle()  # kept for jobs that a stop handed back
+            await mode.release_connections()  # kept for the next claim or job
             await in_greenlet(presence.withdraw)
             if listener is not None:
                 await listener.stop()

@@ -1,4 +1,4 @@
-"""HeldConnections: one connection of an engine per thread, held across calls.
+"""HeldConnections and KeptConnections: connections of an engine held across calls.
 
 Checking a connection out of the pool, applying its execution options and
 giving it back costs the worker's threads more than the short statement
@@ -16,6 +16,11 @@ that thread, returns it to the pool (a broken one is discarded there);
 :attr:`held` counts the connections held by all threads. A released
 connection's pool applies ``pool_pre_ping`` and ``pool_recycle`` at its
 next checkout; a held one meets them only once it is released.
+
+:class:`KeptConnections` does the same for callers that share one thread
+(the asyncio worker's claims, each in a greenlet of the event loop's
+thread): a connection is taken for a call and given back after it, kept
+for the next call rather than returned to the pool.
 """
 
 from __future__ import annotations
@@ -63,7 +68,47 @@ class HeldConnections:
         self._local.connection = None
         with self._lock:
             self.held -= 1
-        try:
-            connection.close()
-        except Exception:  # a broken connection: the pool discards it
-            pass
+        _close(connection)
+
+
+class KeptConnections:
+    """Connections of ``engine`` kept between the calls of callers that share
+    a thread: :meth:`take` returns a kept one, or checks out a new one when
+    none is kept or the kept ones were invalidated or closed (an error made
+    them unusable); :meth:`give` keeps it for the next caller, or gives an
+    unusable one back to the pool, which discards it; :meth:`release` gives
+    the kept ones back to the pool. At most as many are kept as were taken
+    at once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._idle: list[Connection] = []
+
+    def take(self) -> Connection:
+        """A connection for one call; raises what connecting raises (nothing is kept then)."""
+        while self._idle:
+            connection = self._idle.pop()
+            if not (connection.invalidated or connection.closed):
+                return connection
+            _close(connection)
+        return self.engine.connect()
+
+    def give(self, connection: Connection) -> None:
+        """The call is over: keep ``connection`` for the next one, unless it is unusable."""
+        if connection.invalidated or connection.closed:
+            _close(connection)
+        else:
+            self._idle.append(connection)
+
+    def release(self) -> None:
+        """Give every kept connection back to the pool."""
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            _close(connection)
+
+
+def _close(connection: Connection) -> None:
+    try:
+        connection.close()
+    except Exception:  # a broken connection: the pool discards it
+        pass

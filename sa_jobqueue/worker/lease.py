@@ -51,8 +51,29 @@ def _end_transaction(connection: Connection, *, commit: bool) -> None:
         return
     try:
         connection.commit() if commit else connection.rollback()
-    except Exception:  # an unusable connection: HeldConnections replaces it at the next claim
+    except Exception:  # an unusable connection: its keeper replaces it at the next claim
         log.debug("worker: ending a claimer's transaction failed", exc_info=True)
+
+
+def claim_on(repo: Any, connection: Connection, params: dict[str, Any]) -> list[Any]:
+    """Claim with ``params`` on ``connection``, one of the worker's own engine
+    that a claimer keeps across claims (autocommit: the claim commits at once).
+    A connection the claim's error left unusable is invalidated, so that its
+    keeper replaces it at the next claim."""
+    try:
+        jobs = repo.claimer.claim_on(connection, params)
+    except BaseException as exc:
+        # The claim went straight to the driver, past the worker engine's
+        # handle_error: discard the connection here (a read-only one after a
+        # failover would fail every claim it is kept for; one interrupted
+        # mid-statement cannot serve the next).
+        fatal = not isinstance(exc, Exception) or is_fatal_to_connection(exc)
+        if fatal and not connection.invalidated:
+            connection.invalidate(exc)
+        _end_transaction(connection, commit=False)
+        raise
+    _end_transaction(connection, commit=True)
+    return jobs  # type: ignore[no-any-return]
 
 
 class LeaseMode:
@@ -143,19 +164,7 @@ class LeaseMode:
         if self._held is None:
             with ctx.control() as session:
                 return repo.claimer.claim(session, params)  # type: ignore[no-any-return]
-        connection = self._held.connection()
-        try:
-            jobs = repo.claimer.claim_on(connection, params)
-        except BaseException as exc:
-            if isinstance(exc, Exception) and is_fatal_to_connection(exc) and not connection.invalidated:
-                # The claim went straight to the driver, past the worker engine's
-                # handle_error: discard the connection here (a read-only one after
-                # a failover would fail every claim it is kept for).
-                connection.invalidate(exc)
-            _end_transaction(connection, commit=False)
-            raise
-        _end_transaction(connection, commit=True)
-        return jobs  # type: ignore[no-any-return]
+        return claim_on(repo, self._held.connection(), params)
 
     def _submit(self, repo: object, jobs: list[object]) -> None:
         """Queue claimed jobs for the slots: one call per job, but the jobs of
