@@ -12,7 +12,7 @@ import pytest
 from jobapp import TaskJob
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
-from waiting import backend_exists, wait_for
+from waiting import terminate_backend, wait_for
 
 from sa_jobqueue import TaskRegistry
 from sa_jobqueue.aio import AsyncJobRepository, AsyncWorker
@@ -88,7 +88,7 @@ async def test_a_claims_connection_is_kept_and_replaced_when_the_server_drops_it
         held = await asyncio.to_thread(_claimer_backends, killer)
         assert held
         for pid in held:
-            await asyncio.to_thread(_terminate, killer, pid)
+            await asyncio.to_thread(terminate_backend, killer, pid, "the claim's backend gone")
         await enqueue()
         # A claim on a dropped connection fails and is logged; the next one
         # checks out a new connection.
@@ -104,9 +104,3 @@ async def test_a_claims_connection_is_kept_and_replaced_when_the_server_drops_it
     # closed them (kept out of the pool, they would outlive the worker).
     # Backends exit after their client closed them, not at that instant: wait.
     await asyncio.to_thread(wait_for, lambda: not _claimer_backends(engine), 30, "the claim connections closed")
-
-
-def _terminate(engine: Engine, pid: int) -> None:
-    with engine.connect() as conn:
-        conn.execute(select(func.pg_terminate_backend(pid)))
-    wait_for(lambda: not backend_exists(engine, pid), 30, "the claim's backend gone")

@@ -12,7 +12,7 @@ from jobapp import Ledger, TaskJob
 from sqlalchemy import Engine, create_engine, event, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
-from waiting import backend_exists, wait_for
+from waiting import terminate_backend
 
 from sa_jobqueue import JobSpec, TaskRegistry
 from sa_jobqueue.aio import AsyncJobRepository, AsyncWorker
@@ -125,10 +125,7 @@ async def test_a_connection_a_job_made_unusable_is_not_kept(
         assert pid is not None
         pids.append(pid)
         if len(pids) == 1:  # the first job's connection is terminated under it
-            with killer.connect() as conn:
-                conn.execute(select(func.pg_terminate_backend(pid)))
-                conn.commit()
-            wait_for(lambda: not backend_exists(killer, pid), 30, "the job's backend gone")
+            terminate_backend(killer, pid, "the job's backend gone")
             await session.execute(text("SELECT 1"))  # fails: the connection is gone
         session.add(Ledger(job_id=job.id))
         await session.flush()

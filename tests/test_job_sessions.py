@@ -10,7 +10,7 @@ import pytest
 from jobapp import Ledger, TaskJob, jobs
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
-from waiting import backend_exists, wait_for
+from waiting import terminate_backend, wait_for
 
 from sa_jobqueue import JobSpec, TaskRegistry, Worker
 
@@ -105,11 +105,7 @@ def test_a_connection_a_job_made_unusable_is_replaced(
         assert pid is not None
         pids.append(pid)
         if len(pids) == 1:  # the first job's connection is terminated under it
-            with killer.connect() as conn:
-                conn.execute(select(func.pg_terminate_backend(pid)))
-                conn.commit()
-            # A transaction of its own per look: pg_stat_activity is read once per transaction.
-            wait_for(lambda: not backend_exists(killer, pid), 30, "the job's backend gone")
+            terminate_backend(killer, pid, "the job's backend gone")
             session.execute(text("SELECT 1"))  # fails: the connection is gone
         session.add(Ledger(job_id=job.id))
         session.flush()

@@ -11,7 +11,7 @@ from typing import Any
 from jobapp import TaskJob, jobs
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
-from waiting import backend_exists, wait_for
+from waiting import terminate_backend, wait_for
 
 from sa_jobqueue import TaskRegistry, Worker, signals
 from sa_jobqueue.listener import LISTENER_APPLICATION_NAME
@@ -96,9 +96,7 @@ def test_a_claimers_connection_is_held_and_replaced_when_the_server_drops_it(
         held = _claimer_backends(killer)
         assert 1 <= len(held) <= 2
         for pid in held:
-            with killer.connect() as conn:
-                conn.execute(select(func.pg_terminate_backend(pid)))
-            wait_for(lambda pid=pid: not backend_exists(killer, pid), 30, "the claimer's backend gone")  # type: ignore[misc]
+            terminate_backend(killer, pid, "the claimer's backend gone")
         with sessions.begin() as session:
             jobs.enqueue(session, "mark")
         # The claim on the dropped connection fails and is logged; the next

@@ -23,3 +23,12 @@ def backend_exists(engine: Engine, pid: int) -> bool:
     transaction (pg_stat_activity is a snapshot taken once per transaction)."""
     with engine.connect() as conn:
         return bool(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).scalar())
+
+
+def terminate_backend(engine: Engine, pid: int, what: str) -> None:
+    """End the server process ``pid`` (``pg_terminate_backend``) and wait
+    until the server no longer lists it (``what`` names it in a time-out)."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        conn.commit()
+    wait_for(lambda: not backend_exists(engine, pid), 30, what)
