@@ -90,12 +90,6 @@ class AsyncJobSessions:
         self._engine = holds_connections(sessions) if hold else None
         self._idle: list[_Connection] = []  # kept between jobs, most recently used last
         self.jobs_wait: Callable[[], bool] = _never  # whether claimed jobs wait for a slot: keep connections
-        self.held = 0  # connections taken from the pool and not given back: in use, and idle
-
-    @property
-    def idle(self) -> int:
-        """Connections kept with no job on them."""
-        return len(self._idle)
 
     async def open(self) -> JobSession:
         """A fresh session, its READ COMMITTED transaction begun. Raises what
@@ -153,7 +147,6 @@ class AsyncJobSessions:
             await self._give_back(kept)
         assert self._engine is not None
         connection = await self._engine.connect()
-        self.held += 1
         try:
             await connection.execution_options(**READ_COMMITTED)
             raw = await connection.get_raw_connection()
@@ -164,7 +157,6 @@ class AsyncJobSessions:
         return _Connection(connection, driver, driver_backend_pid(driver))
 
     async def _give_back(self, kept: _Connection) -> None:
-        self.held -= 1
         try:
             await kept.connection.close()
         except Exception:  # a broken connection: the pool discards it
