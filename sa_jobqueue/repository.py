@@ -88,7 +88,7 @@ class JobRepository(Generic[M]):
         # Statements are values: built once, reused with new parameters, so the
         # hot path skips construction and hits SQLAlchemy's compiled cache.
         self._complete = DirectStatement(statements.complete(model, keep_done=self.keep_done))
-        self._complete_many = statements.complete_many(model, keep_done=self.keep_done)
+        self._complete_many = DirectStatement(statements.complete_many(model, keep_done=self.keep_done))
         self._fail = statements.fail(model)
         self._heartbeat = statements.heartbeat(model)
         self._hand_back = statements.hand_back(model)
@@ -225,7 +225,7 @@ class JobRepository(Generic[M]):
         if not jobs:
             return set()
         params = {"ids": [j.id for j in jobs], "tokens": [j.lock_token for j in jobs]}
-        return set(session.scalars(self._complete_many, params, execution_options=_NO_SYNC).all())
+        return {row[0] for row in self._complete_many.rows(self._complete_many.connection(session), params)}
 
     def fail(self, session: Session, job: M, error: str, *, policy: RetryPolicy = DEFAULT_RETRY_POLICY,
              delay: timedelta | None = None, at: datetime | None = None, max_attempts: int | None = None,

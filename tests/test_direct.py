@@ -58,6 +58,41 @@ def test_a_table_that_keeps_jobs_gets_the_statements_own_values(sessions: sessio
         assert row.finished_at is not None
 
 
+def test_a_batched_completion_commits_with_the_sessions_writes_and_is_fenced(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    first, second, third = (_claimed(sessions) for _ in range(3))
+    with sessions.begin() as session:
+        jobs.complete(session, second)  # finished already: the fence leaves it out
+    with sessions() as session:
+        session.add(Ledger(job_id=first.id))
+        assert jobs.complete_many(session, [first, second, third]) == {first.id, third.id}
+        session.rollback()
+    with sessions.begin() as session:
+        session.add(Ledger(job_id=first.id))
+        assert jobs.complete_many(session, [first, second, third]) == {first.id, third.id}
+    with sessions() as session:
+        assert list(session.scalars(select(Ledger.job_id))) == [first.id]
+        assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
+
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    kept = _claimed(sessions, reports)
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        with sessions.begin() as session:
+            assert reports.complete_many(session, [kept]) == {kept.id}
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert any("UPDATE" in statement and "ANY" in statement for statement in seen)  # a listener sees it
+    with sessions() as session:
+        row = session.get(type(kept), kept.id)
+        assert row is not None and (row.status, row.lock_token, row.lease_expires_at) == ("done", None, None)
+
+
 def test_rows_come_straight_from_psycopg_unless_something_listens(engine: Engine) -> None:
     direct = DirectStatement(select(func.pg_backend_pid().label("pid"), text(":n AS n")))
     seen: list[str] = []
@@ -246,6 +281,25 @@ async def test_an_async_completion_commits_with_the_sessions_writes_or_not_at_al
     with sessions() as session:
         assert list(session.scalars(select(Ledger.job_id))) == [kept.id]
         assert [j.id for j in session.scalars(select(TaskJob))] == [dropped.id]
+
+
+@pytest.mark.anyio
+async def test_an_async_batched_completion_commits_with_the_sessions_writes_and_is_fenced(
+    sessions: sessionmaker[Session], async_sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    first, second, third = (_claimed(sessions) for _ in range(3))
+    async with async_sessions.begin() as session:
+        await async_jobs.complete(session, second)  # finished already: the fence leaves it out
+    async with async_sessions() as session:
+        session.add(Ledger(job_id=first.id))
+        assert await async_jobs.complete_many(session, [first, second, third]) == {first.id, third.id}
+        await session.rollback()
+    async with async_sessions.begin() as session:
+        session.add(Ledger(job_id=first.id))
+        assert await async_jobs.complete_many(session, [first, second, third]) == {first.id, third.id}
+    with sessions() as session:
+        assert list(session.scalars(select(Ledger.job_id))) == [first.id]
+        assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
 
 
 async def _locked_out(session: AsyncSession, run: Any) -> sa_exc.DBAPIError:
