@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from jobapp import Ledger, TaskJob
 from sqlalchemy import Engine, delete, func, select, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import InvalidArgumentError, RetryPolicy, TaskRegistry, Worker, create_periodic_table, signals
@@ -512,6 +513,39 @@ async def test_jobs_holding_a_session_never_exceed_max_sessions(
     result = await worker.run(until_empty=True)
     assert result.completed == 30 and _ledger(engine) == sorted(ids)
     assert most[0] == 3  # thirty in flight, three with a session at a time
+
+
+async def test_a_job_whose_session_cannot_connect_is_handed_back_without_spending_an_attempt(
+    db_url: URL, async_driver: str, engine: Engine, running: list[asyncio.Task[Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = create_async_engine(db_url.set(drivername=f"postgresql+{async_driver}"), pool_size=1, max_overflow=0,
+                              pool_timeout=0.2)
+    registry = TaskRegistry()
+    attempts: list[int] = []
+
+    @registry.task
+    async def ledger(job: TaskJob, session: AsyncSession) -> None:
+        attempts.append(job.attempts)
+        session.add(Ledger(job_id=job.id))
+
+    try:
+        [job_id] = await _enqueue(async_sessionmaker(app, expire_on_commit=False), "ledger")
+        leaked = await app.connect()  # the app's only connection, held elsewhere (a leaking handler)
+        caplog.set_level(logging.ERROR, logger="sa_jobqueue.worker")
+        worker = AsyncWorker(app, jobs, registry, concurrency=1, listen=False, poll_interval=0.05)
+        _start(worker, running)
+        await _until(lambda: worker.result.handed_back >= 2, 60, "the job to be handed back twice")
+        exhausted = [r.getMessage() for r in caplog.records if "pool is exhausted" in r.getMessage()]
+        # The pool's own count beside the worker's: the one checked out is held elsewhere.
+        assert exhausted and all("Checked out connections: 1" in m and "running jobs hold 0 of them" in m
+                                 and "held elsewhere" in m for m in exhausted), exhausted
+        await leaked.close()
+        await _until(lambda: _ledger(engine) == [job_id], 60, "the job to run once a connection is free")
+        assert attempts == [1]  # handed back twice or more, yet its one run is its first attempt
+        await _until(lambda: worker.result.completed == 1, 60, "the completion to be counted")
+    finally:
+        await app.dispose()
 
 
 async def test_max_sessions_defaults_to_what_the_engines_pool_lends(async_engine: AsyncEngine) -> None:

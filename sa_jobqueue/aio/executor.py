@@ -281,8 +281,15 @@ class AsyncJobExecutor:
         """The session of ``held`` (one job, or a group) could not connect: hand them back, unstarted, and back off."""
         ctx, ids = self.ctx, ", ".join(str(h.job.id) for h in held)
         if isinstance(exc, sa_exc.TimeoutError):
-            log.error("worker %s: job(s) %s could not get a connection: the jobs' pool is exhausted; this worker's "
-                      "running jobs hold %s of them. Handed back unstarted.", ctx.name, ids, ctx.sessions_open)
+            # As the thread worker says it: the pool's own count beside this
+            # worker's, so that a leak elsewhere shows as the difference.
+            pool = getattr(self.job_sessions.sessions.kw.get("bind"), "pool", None)  # an AsyncEngine's
+            log.error(
+                "worker %s: job(s) %s could not get a connection: the jobs' pool is exhausted (%s); this worker's "
+                "running jobs hold %s of them, so the others are held elsewhere (a handler that keeps a session "
+                "open leaks one per job). They are handed back unstarted.",
+                ctx.name, ids, pool.status() if pool is not None else "unknown pool", ctx.sessions_open,
+            )
         else:
             log.error("worker %s: job(s) %s could not connect (%r); handed back unstarted", ctx.name, ids, exc)
         ctx.back_off()
