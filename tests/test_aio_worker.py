@@ -534,7 +534,7 @@ async def test_a_job_whose_session_cannot_connect_is_handed_back_without_spendin
         leaked = await app.connect()  # the app's only connection, held elsewhere (a leaking handler)
         caplog.set_level(logging.ERROR, logger="sa_jobqueue.worker")
         worker = AsyncWorker(app, jobs, registry, concurrency=1, listen=False, poll_interval=0.05)
-        _start(worker, running)
+        task = _start(worker, running)
         await _until(lambda: worker.result.handed_back >= 2, 60, "the job to be handed back twice")
         exhausted = [r.getMessage() for r in caplog.records if "pool is exhausted" in r.getMessage()]
         # The pool's own count beside the worker's: the one checked out is held elsewhere.
@@ -544,6 +544,8 @@ async def test_a_job_whose_session_cannot_connect_is_handed_back_without_spendin
         await _until(lambda: _ledger(engine) == [job_id], 60, "the job to run once a connection is free")
         assert attempts == [1]  # handed back twice or more, yet its one run is its first attempt
         await _until(lambda: worker.result.completed == 1, 60, "the completion to be counted")
+        worker.stop()
+        await asyncio.wait_for(task, 60)  # its connections back in the pool before the pool goes
     finally:
         await app.dispose()
 
