@@ -43,6 +43,7 @@ from sqlalchemy import create_engine  # noqa: E402
 from sqlalchemy.engine import URL  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
+import sa_jobqueue  # noqa: E402
 from sa_jobqueue import JobRepository  # noqa: E402
 from sa_jobqueue.default import Job  # noqa: E402
 from sa_jobqueue.worker.lease import claim_on  # noqa: E402
@@ -110,8 +111,6 @@ def main() -> None:
                         results.append((label, run(url)))
         finally:
             databases.close()
-    import sa_jobqueue
-
     print(f"A claim of {BATCH} and its completion, one connection ({args.jobs} jobs per round, "
           f"`benchmarks/claim_cycle.py`, sa_jobqueue from {Path(sa_jobqueue.__file__).parent}; "
           "medians per cycle, µs)\n")

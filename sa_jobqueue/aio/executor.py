@@ -44,7 +44,7 @@ from ..results import result_to_store, store_results
 from ..runnable import RunnableTask
 from ..worker.books import Held
 from ..worker.context import WorkerContext
-from ..worker.executor import JobExecutor, hand_back, start_job
+from ..worker.executor import JobExecutor, hand_back, log_pool_exhausted, start_job
 from ..worker.failures import Failure, failure_of
 from .bridge import in_greenlet
 from .job_sessions import AsyncJobSessions
@@ -281,15 +281,7 @@ class AsyncJobExecutor:
         """The session of ``held`` (one job, or a group) could not connect: hand them back, unstarted, and back off."""
         ctx, ids = self.ctx, ", ".join(str(h.job.id) for h in held)
         if isinstance(exc, sa_exc.TimeoutError):
-            # As the thread worker says it: the pool's own count beside this
-            # worker's, so that a leak elsewhere shows as the difference.
-            pool = getattr(self.job_sessions.sessions.kw.get("bind"), "pool", None)  # an AsyncEngine's
-            log.error(
-                "worker %s: job(s) %s could not get a connection: the jobs' pool is exhausted (%s); this worker's "
-                "running jobs hold %s of them, so the others are held elsewhere (a handler that keeps a session "
-                "open leaks one per job). They are handed back unstarted.",
-                ctx.name, ids, pool.status() if pool is not None else "unknown pool", ctx.sessions_open,
-            )
+            log_pool_exhausted(ctx.name, ids, self.job_sessions.sessions.kw.get("bind"), ctx.sessions_open)
         else:
             log.error("worker %s: job(s) %s could not connect (%r); handed back unstarted", ctx.name, ids, exc)
         ctx.back_off()

@@ -221,18 +221,26 @@ class JobExecutor:
         """The session of ``held`` could not connect: hand them back, unstarted, and back off."""
         ctx, ids = self.ctx, ", ".join(str(h.job.id) for h in held)
         if isinstance(exc, sa_exc.TimeoutError):
-            pool = getattr(ctx.sessions.kw.get("bind"), "pool", None)
-            log.error(
-                "worker %s: job(s) %s could not get a connection: the jobs' pool is exhausted (%s); this worker's "
-                "running jobs hold %s of them, so the others are held elsewhere (a handler that keeps a session "
-                "open leaks one per job). They are handed back unstarted.",
-                ctx.name, ids, pool.status() if pool is not None else "unknown pool",
-                max(ctx.sessions_open, ctx.job_sessions.held),
-            )
+            held_here = max(ctx.sessions_open, ctx.job_sessions.held)
+            log_pool_exhausted(ctx.name, ids, ctx.sessions.kw.get("bind"), held_here)
         else:
             log.error("worker %s: job(s) %s could not connect (%r); handed back unstarted", ctx.name, ids, exc)
         ctx.back_off()
         hand_back(ctx, held)
+
+
+def log_pool_exhausted(worker: str, ids: str, bind: Any, held: int) -> None:
+    """Jobs ``ids`` got no connection from the jobs' pool (of ``bind``, an
+    Engine or AsyncEngine) while this worker's running jobs hold ``held``:
+    the pool's own count beside it, so that a leak elsewhere shows as the
+    difference (both workers say it so)."""
+    pool = getattr(bind, "pool", None)
+    log.error(
+        "worker %s: job(s) %s could not get a connection: the jobs' pool is exhausted (%s); this worker's "
+        "running jobs hold %s of them, so the others are held elsewhere (a handler that keeps a session "
+        "open leaks one per job). They are handed back unstarted.",
+        worker, ids, pool.status() if pool is not None else "unknown pool", held,
+    )
 
 
 def start_job(ctx: WorkerContext, held: Held, task: Any) -> None:
