@@ -55,6 +55,19 @@ def test_kept_connections_are_taken_again_until_unusable_and_released_to_the_poo
         own.dispose()
 
 
+def test_a_connection_given_after_the_release_goes_back_to_the_pool(engine: Engine) -> None:
+    """A claim that outlived the worker's end gives its connection back: nothing keeps it."""
+    own = create_engine(engine.url, pool_size=2, max_overflow=0)
+    kept = KeptConnections(own)
+    try:
+        late = kept.take()
+        kept.release()
+        kept.give(late)
+        assert late.closed and own.pool.checkedout() == 0  # type: ignore[attr-defined]
+    finally:
+        own.dispose()
+
+
 @pytest.mark.anyio
 async def test_a_claims_connection_is_kept_and_replaced_when_the_server_drops_it(
     async_engine: AsyncEngine, engine: Engine, running: list[asyncio.Task[Any]]

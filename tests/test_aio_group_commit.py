@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from sqlalchemy.pool import NullPool
 from tcpproxy import TcpProxy
 from test_aio_watchdog import _client_port
 from test_watchdog import _upstream
+from waiting import wait_for_async
 
 from sa_jobqueue import TaskRegistry, WorkerResult
 from sa_jobqueue.aio import AsyncJobRepository, AsyncWorker
@@ -70,13 +70,6 @@ async def _drain(worker: AsyncWorker) -> WorkerResult:
     return await asyncio.wait_for(worker.run(until_empty=True, handle_signals=False), 60)
 
 
-async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Wait for ``predicate()`` with a timeout, yielding to the loop."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @contextmanager
@@ -224,7 +217,7 @@ async def test_a_deadline_in_a_group_settles_that_job_and_reruns_the_others(
                 "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'"
             )) or 0)
 
-    await _until(lambda: sleeping() == 0, 30, "the server to end the group's statement")
+    await wait_for_async(lambda: sleeping() == 0, 30, "the server to end the group's statement")
 
 
 async def test_a_cancel_asked_for_in_a_group_ends_that_job_cancelled_and_the_others_commit(
@@ -415,11 +408,11 @@ async def test_a_group_whose_session_checkout_stalls_is_handed_back_whole(
             with caplog.at_level(logging.INFO, logger="sa_jobqueue.worker"):
                 run = asyncio.ensure_future(worker.run(handle_signals=False))
                 try:
-                    await _until(lambda: first in _ledger(engine), 60, "the first job to complete")
+                    await wait_for_async(lambda: first in _ledger(engine), 60, "the first job to complete")
                     assert proxy.half_open(client_ports={ports[0]}) == 1  # the pooled connection
                     async with async_sessionmaker(create_async_engine(db_url, poolclass=NullPool)).begin() as s:
                         group = [(await jobs.enqueue(s, "write")).id for _ in range(4)]
-                    await _until(lambda: set(group) <= set(_ledger(engine)), 60,
+                    await wait_for_async(lambda: set(group) <= set(_ledger(engine)), 60,
                                  "the group to complete on a new connection")
                 finally:
                     worker.stop()

@@ -16,7 +16,7 @@ from waiting import terminate_backend
 
 from sa_jobqueue import JobSpec, TaskRegistry
 from sa_jobqueue.aio import AsyncJobRepository, AsyncWorker
-from sa_jobqueue.aio.job_sessions import holds_connections
+from sa_jobqueue.aio.job_sessions import AsyncJobSessions, holds_connections
 
 pytestmark = pytest.mark.anyio
 
@@ -110,6 +110,18 @@ async def test_kept_connections_go_back_to_the_pool_once_no_job_waits(
     worker.stop()
     result = await asyncio.wait_for(task, 30)
     assert result.completed == 3
+
+
+async def test_a_job_that_closes_after_the_workers_end_gives_its_connection_back(
+    async_engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """A job that outlived the worker's end (past its grace) keeps nothing, even while jobs wait."""
+    job_sessions = AsyncJobSessions(sessions)
+    job_sessions.jobs_wait = lambda: True
+    opened = await job_sessions.open()
+    await job_sessions.release_idle()
+    await job_sessions.close(opened)
+    assert async_engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
 
 
 async def test_a_connection_a_job_made_unusable_is_not_kept(

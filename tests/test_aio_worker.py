@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +18,7 @@ from sqlalchemy import Engine, delete, func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session
+from waiting import wait_for_async
 
 from sa_jobqueue import InvalidArgumentError, RetryPolicy, TaskRegistry, Worker, create_periodic_table, signals
 from sa_jobqueue.aio import AsyncJobRepository, AsyncWorker
@@ -58,18 +58,6 @@ def _ledger(engine: Engine) -> list[int]:
         return sorted(session.scalars(select(Ledger.job_id)))
 
 
-async def _until(predicate: Any, timeout: float, what: str) -> None:
-    """Wait for ``predicate()`` (sync or async) with a timeout, yielding to the loop."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 
@@ -220,7 +208,7 @@ async def test_a_deadline_cancels_the_coroutine_and_its_statement_and_nothing_co
                 "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'"
             )) or 0)
 
-    await _until(lambda: sleeping() == 0, 30, "the server to end the job's statement")
+    await wait_for_async(lambda: sleeping() == 0, 30, "the server to end the job's statement")
 
 
 async def test_a_cancel_from_another_process_cancels_the_coroutine_and_its_writes_never_commit(
@@ -248,7 +236,8 @@ async def test_a_cancel_from_another_process_cancels_the_coroutine_and_its_write
     await asyncio.wait_for(started.wait(), 60)
     with Session(engine) as session, session.begin():  # another process's cancel: a commit and its NOTIFY
         assert jobs.sync.cancel(session, job_id) is True
-    await _until(lambda: (_row(engine, job_id) or TaskJob()).status == "cancelled", 60, "the job to end cancelled")
+    await wait_for_async(lambda: (_row(engine, job_id) or TaskJob()).status == "cancelled", 60,
+                         "the job to end cancelled")
     worker.stop()
     result = await asyncio.wait_for(task, 60)
     assert seen == ["cancelled"] and result.cancelled == 1 and result.completed == 0
@@ -276,9 +265,9 @@ async def test_a_stop_hands_back_unstarted_jobs_and_lets_running_ones_finish(
     # Claims of 6 into 2 slots: four claimed jobs wait, unstarted.
     worker = AsyncWorker(async_engine, jobs, registry, concurrency=2, batch_size=6, listen=False, poll_interval=0.05)
     task = _start(worker, running)
-    await _until(lambda: len(started) == 2, 60, "two jobs to start")
+    await wait_for_async(lambda: len(started) == 2, 60, "two jobs to start")
     worker.stop()
-    await _until(lambda: _statuses(engine).get("pending") == 4, 60, "the unstarted jobs to be handed back")
+    await wait_for_async(lambda: _statuses(engine).get("pending") == 4, 60, "the unstarted jobs to be handed back")
     release.set()
     result = await asyncio.wait_for(task, 60)
     assert result.completed == 2 and result.handed_back == 4
@@ -357,7 +346,7 @@ async def test_a_notify_wakes_an_idle_worker_long_before_its_poll(
     worker = AsyncWorker(async_engine, jobs, registry, poll_interval=600)
     _start(worker, running)
     # The listener LISTENs before the first probe settles; wait until its session is there.
-    await _until(lambda: _listeners(engine) == 1, 60, "the worker's listener to LISTEN")
+    await wait_for_async(lambda: _listeners(engine) == 1, 60, "the worker's listener to LISTEN")
     await _enqueue(sessions, "ping")
     await asyncio.wait_for(done.wait(), 60)  # the poll is 10 minutes away: only the NOTIFY can do this
     worker.stop()
@@ -403,7 +392,7 @@ async def test_periodic_jobs_are_enqueued_and_run(
 
     worker = AsyncWorker(async_engine, jobs, registry, poll_interval=0.05, periodic_interval=0.1)
     task = _start(worker, running)
-    await _until(lambda: len(ran) >= 1, 60, "a periodic tick to run")
+    await wait_for_async(lambda: len(ran) >= 1, 60, "a periodic tick to run")
     worker.stop()
     await asyncio.wait_for(task, 60)
     with engine.begin() as conn:
@@ -535,15 +524,15 @@ async def test_a_job_whose_session_cannot_connect_is_handed_back_without_spendin
         caplog.set_level(logging.ERROR, logger="sa_jobqueue.worker")
         worker = AsyncWorker(app, jobs, registry, concurrency=1, listen=False, poll_interval=0.05)
         task = _start(worker, running)
-        await _until(lambda: worker.result.handed_back >= 2, 60, "the job to be handed back twice")
+        await wait_for_async(lambda: worker.result.handed_back >= 2, 60, "the job to be handed back twice")
         exhausted = [r.getMessage() for r in caplog.records if "pool is exhausted" in r.getMessage()]
         # The pool's own count beside the worker's: the one checked out is held elsewhere.
         assert exhausted and all("Checked out connections: 1" in m and "running jobs hold 0 of them" in m
                                  and "held elsewhere" in m for m in exhausted), exhausted
         await leaked.close()
-        await _until(lambda: _ledger(engine) == [job_id], 60, "the job to run once a connection is free")
+        await wait_for_async(lambda: _ledger(engine) == [job_id], 60, "the job to run once a connection is free")
         assert attempts == [1]  # handed back twice or more, yet its one run is its first attempt
-        await _until(lambda: worker.result.completed == 1, 60, "the completion to be counted")
+        await wait_for_async(lambda: worker.result.completed == 1, 60, "the completion to be counted")
         worker.stop()
         await asyncio.wait_for(task, 60)  # its connections back in the pool before the pool goes
     finally:

@@ -3,8 +3,10 @@ asynchronous (a backend's exit, a NOTIFY, a worker's progress)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import Engine, text
 
@@ -16,6 +18,21 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, *, every:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(every)
+
+
+async def wait_for_async(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+    """In a coroutine: poll ``predicate`` (a plain or an ``async`` callable) until
+    it is true, yielding to the event loop; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 def backend_exists(engine: Engine, pid: int) -> bool:

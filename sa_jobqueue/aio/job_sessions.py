@@ -10,7 +10,8 @@ for the next jobs, as long as claimed jobs wait for a slot (``jobs_wait``,
 which the lease mode sets): a job that ends with none waiting gives its
 connection back to the pool, and at the worker's end
 :meth:`AsyncJobSessions.release_idle` gives back those kept for jobs that
-never came (handed back at a stop). Every job gets a **fresh** session.
+never came (handed back at a stop), and any a job closes with after it.
+Every job gets a **fresh** session.
 
 What a handler may rely on, as in the thread worker:
 
@@ -89,6 +90,7 @@ class AsyncJobSessions:
         self.sessions = sessions
         self._engine = holds_connections(sessions) if hold else None
         self._idle: list[_Connection] = []  # kept between jobs, most recently used last
+        self._released = False  # the worker's end: nothing is kept any more
         self.jobs_wait: Callable[[], bool] = _never  # whether claimed jobs wait for a slot: keep connections
 
     async def open(self) -> JobSession:
@@ -128,13 +130,15 @@ class AsyncJobSessions:
         finally:
             kept = opened._kept
             if kept is not None:
-                if kept.usable and self.jobs_wait():
+                if kept.usable and self.jobs_wait() and not self._released:
                     self._idle.append(kept)
                 else:
                     await self._give_back(kept)
 
     async def release_idle(self) -> None:
-        """The kept connections go back to the pool (the worker's end)."""
+        """The kept connections go back to the pool (the worker's end), and
+        from now on each connection a job closes with."""
+        self._released = True
         idle, self._idle = self._idle, []
         for kept in idle:
             await self._give_back(kept)

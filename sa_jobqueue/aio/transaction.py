@@ -354,8 +354,11 @@ class AsyncTransactionMode:
             batch.cancel()
         return len(self.running)
 
-    def abort(self) -> None:
+    async def settle(self, timeout: float) -> None:
+        """The run ends with batches in flight: cancel them (they roll back) and
+        wait up to ``timeout`` for them to end."""
         self.interrupt()
+        await self.wait_idle(timeout)
 
     async def release_connections(self) -> None:
         """The worker's end: nothing is kept between batches (each holds a session of its own)."""

@@ -66,8 +66,8 @@ log = logging.getLogger("sa_jobqueue.worker")
 __all__ = ["AsyncWorker"]
 
 Duty = tuple[Callable[[], Awaitable[bool]], float, list[float]]
-# How long the coroutines cancelled at a stop get to record their interrupted attempt.
-_INTERRUPT_GRACE = 5.0
+_INTERRUPT_GRACE = 5.0  # how long the coroutines cancelled at a stop get to record their interrupted attempt
+_SETTLE_GRACE = 1.0  # how long, as the run ends, the jobs and claims cancelled then get to end
 
 
 class AsyncWorker(WorkerFace):
@@ -196,9 +196,9 @@ class AsyncWorker(WorkerFace):
             await self._run_loop(ctx, mode, listener, until_empty, presence)
             await self._wind_down(ctx, mode)
         finally:
-            if mode.busy:  # an error, or a stop at once: nothing more is recorded
-                mode.abort()
-                await mode.wait_idle(1.0)
+            # An error, a stop at once, this task cancelled: what still runs is
+            # cancelled and waited for before its connections go back.
+            await mode.settle(_SETTLE_GRACE)
             await mode.release_connections()  # kept for the next claim or job
             await in_greenlet(presence.withdraw)
             if listener is not None:

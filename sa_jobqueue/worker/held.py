@@ -77,12 +77,14 @@ class KeptConnections:
     none is kept or the kept ones were invalidated or closed (an error made
     them unusable); :meth:`give` keeps it for the next caller, or gives an
     unusable one back to the pool, which discards it; :meth:`release` gives
-    the kept ones back to the pool. At most as many are kept as were taken
-    at once."""
+    the kept ones back to the pool, and any given after it too (a call that
+    outlived its caller's end keeps nothing). At most as many are kept as
+    were taken at once."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._idle: list[Connection] = []
+        self._released = False
 
     def take(self) -> Connection:
         """A connection for one call; raises what connecting raises (nothing is kept then)."""
@@ -95,13 +97,14 @@ class KeptConnections:
 
     def give(self, connection: Connection) -> None:
         """The call is over: keep ``connection`` for the next one, unless it is unusable."""
-        if connection.invalidated or connection.closed:
+        if self._released or connection.invalidated or connection.closed:
             _close(connection)
         else:
             self._idle.append(connection)
 
     def release(self) -> None:
-        """Give every kept connection back to the pool."""
+        """Give every kept connection back to the pool, and from now on each one given."""
+        self._released = True
         idle, self._idle = self._idle, []
         for connection in idle:
             _close(connection)
