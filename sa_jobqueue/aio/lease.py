@@ -75,7 +75,6 @@ class AsyncLeaseMode:
         engine = ctx.control.engine  # the worker's own: its claims' connections are kept between claims
         self._claim_connections = KeptConnections(engine) if engine is not None else None
         self._hits = self._misses = 0
-        self._ending = False  # set by settle: a claim that lands then starts no job
         self._side_tasks: set[asyncio.Task[Any]] = set()  # time-outs and hand backs run by the watch
         self._next_connect_check = 0.0  # when the watch next looks for sessions stalled in their checkout
 
@@ -118,9 +117,6 @@ class AsyncLeaseMode:
                 jobs = await in_greenlet(self._claim, repo, ask - got)
                 took += time.monotonic() - start
                 got += len(jobs)  # committed: ours now
-                if self._ending:  # the run ended meanwhile: nothing starts, nothing more is written
-                    _left_to_lease(ctx.name, jobs)
-                    break
                 self._submit(repo, jobs)
             seconds = took
         except Exception:
@@ -289,10 +285,10 @@ class AsyncLeaseMode:
         own task cancelled, or jobs still running past the shutdown timeout):
         cancel the jobs' tasks and the claims in flight, and wait up to
         ``timeout`` for each. Nothing more is recorded: the jobs are left to
-        their lease. A claim is waited for so that it never outlives the run
-        (cancelled mid-statement, it ends at once, its connection discarded);
-        one that lands meanwhile starts no job."""
-        self._ending = True
+        their lease. A claim is waited for so that it never outlives the run:
+        cancelled, it raises at its await even when its answer had come (a
+        claim the server committed then leaves its jobs to their lease), and
+        ends at once, its connection discarded."""
         for task in list(self.slots.running):
             task.cancel()
         for claim in list(self.claiming):
@@ -305,9 +301,3 @@ class AsyncLeaseMode:
         running = [h for h in self.ctx.books.held() if h.started is not None and not h.finished]
         return (f"{len(running)} job(s) still running, left to their lease: "
                 + ", ".join(f"{h.job.id} ({h.job.task})" for h in running))
-
-
-def _left_to_lease(worker: str, jobs: list[Any]) -> None:
-    if jobs:
-        log.warning("worker %s: a claim returned as the worker stopped at once; job(s) %s are left to their "
-                    "lease", worker, ", ".join(str(job.id) for job in jobs))
