@@ -85,7 +85,7 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import event
-from sqlalchemy.engine import Engine, ExceptionContext
+from sqlalchemy.engine import Dialect, Engine, ExceptionContext
 from sqlalchemy.pool import AsyncAdaptedQueuePool, QueuePool
 
 from .errors import InvalidArgumentError
@@ -216,7 +216,13 @@ def worker_engine(engine: Engine, *, pool_size: int, name: str, max_overflow: in
       past that waits up to 30 s, then raises
       :class:`sqlalchemy.exc.TimeoutError`. Connections checked out of
       ``engine``'s pool, however many, never make it wait;
-    * it runs in AUTOCOMMIT, with ``engine``'s other execution options;
+    * it runs in AUTOCOMMIT, with ``engine``'s other execution options:
+      each connection is put in autocommit once, as it is made, not at
+      every checkout (an ``isolation_level`` execution option would set it
+      as each :class:`~sqlalchemy.engine.Connection` is built and reset it
+      at each checkin: under asyncio that is an await inside
+      ``Connection()``, and a task cancelled there loses the connection
+      before anything can give it back);
     * a connection that fails with an error :func:`is_fatal_to_connection`
       accepts is invalidated, not returned to the pool (the failing call
       still raises);
@@ -240,10 +246,11 @@ def worker_engine(engine: Engine, *, pool_size: int, name: str, max_overflow: in
     # connection without blocking the event loop only in the async-adapted pool.
     pool_class = AsyncAdaptedQueuePool if engine.dialect.is_async else QueuePool
     pool = pool_class(
-        _detached_connections(engine), pool_size=pool_size, max_overflow=max_overflow,
-        logging_name=name, dialect=engine.dialect,
+        _autocommit(engine.dialect, _detached_connections(engine)), pool_size=pool_size,
+        max_overflow=max_overflow, logging_name=name, dialect=engine.dialect,
     )
-    options = {**engine.get_execution_options(), "isolation_level": "AUTOCOMMIT", WORKER_ENGINE_OPTION: name}
+    options = {**engine.get_execution_options(), WORKER_ENGINE_OPTION: name}
+    options.pop("isolation_level", None)  # each connection is in autocommit from the start
     own = Engine(
         pool, engine.dialect, engine.url, logging_name=name, echo=engine.echo,
         hide_parameters=engine.hide_parameters, execution_options=options,
@@ -309,6 +316,24 @@ def _detached_connections(engine: Engine, *, driver: bool = False) -> Callable[[
         return connection
 
     return connect
+
+
+def _autocommit(dialect: Dialect, connect: Callable[[], Any]) -> Callable[[], Any]:
+    """``connect``, its connections put in autocommit through ``dialect`` (as
+    SQLAlchemy's ``isolation_level="AUTOCOMMIT"`` does); one that fails
+    meanwhile, or whose task is cancelled, is closed, never left open."""
+
+    def autocommit_connect() -> Any:
+        connection = connect()
+        try:
+            dialect.set_isolation_level(connection, "AUTOCOMMIT")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                connection.close()
+            raise
+        return connection
+
+    return autocommit_connect
 
 
 def _discard_fatal(context: ExceptionContext) -> None:

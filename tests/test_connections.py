@@ -3,6 +3,7 @@ errors that get a worker-engine connection discarded (sa_jobqueue/connections.py
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 from collections.abc import Callable, Iterator
@@ -14,7 +15,9 @@ import pytest
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import QueuePool
+from sqlalchemy.util import greenlet_spawn
 from waiting import wait_for
 
 from sa_jobqueue import InvalidArgumentError
@@ -122,6 +125,48 @@ def test_the_worker_engine_has_the_apps_dialect_options_and_execution_options_in
         with app.connect() as conn:  # the app's engine is unchanged
             first = conn.execute(text("SELECT txid_current()")).scalar()
             assert conn.execute(text("SELECT txid_current()")).scalar() == first
+
+
+def _pooled_in_autocommit(own: Engine) -> bool:
+    """Use a connection of ``own`` and give it back; then whether the
+    connection the pool holds is still in autocommit (checked out raw: no
+    Connection is built, so nothing sets it on the way out)."""
+    with own.connect() as conn:
+        conn.execute(text("SELECT 1"))
+    raw = own.raw_connection()
+    try:
+        return bool(raw.dbapi_connection.autocommit)  # type: ignore[union-attr]
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg-async", "asyncpg"])
+def test_the_worker_engines_connections_are_put_in_autocommit_once_not_at_each_checkout(
+    db_url: URL, driver: str
+) -> None:
+    """Set at each Connection and reset at each checkin, the autocommit cost
+    every checkout two driver calls, and under asyncio an await inside
+    ``Connection()`` where a cancelled task lost the connection unchecked-in."""
+    if driver == "psycopg":
+        app = create_engine(db_url, isolation_level="SERIALIZABLE")
+        own = worker_engine(app, pool_size=1, name="autocommit")
+        with _disposing(own, app):
+            assert _pooled_in_autocommit(own)
+            with own.connect() as conn:  # the app's isolation level does not reach the worker's
+                first = conn.execute(text("SELECT txid_current()")).scalar()
+                assert conn.execute(text("SELECT txid_current()")).scalar() != first
+        return
+    async_app = create_async_engine(db_url.set(drivername="postgresql+" + driver.removesuffix("-async")))
+    own = worker_engine(async_app.sync_engine, pool_size=1, name="autocommit")
+
+    async def check() -> bool:
+        try:
+            return await greenlet_spawn(_pooled_in_autocommit, own)
+        finally:
+            await greenlet_spawn(own.dispose)
+            await async_app.dispose()
+
+    assert asyncio.run(check())
 
 
 # -- a pool of its own --------------------------------------------------------------
