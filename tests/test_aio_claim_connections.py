@@ -12,7 +12,7 @@ import pytest
 from jobapp import TaskJob
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
-from waiting import terminate_backend, wait_for
+from waiting import terminate_backend, wait_for, wait_for_async
 
 from sa_jobqueue import TaskRegistry
 from sa_jobqueue.aio import AsyncJobRepository, AsyncWorker
@@ -84,12 +84,6 @@ async def test_a_claims_connection_is_kept_and_replaced_when_the_server_drops_it
         async with sessions.begin() as session:
             await jobs.enqueue(session, "mark")
 
-    async def until(predicate: Any, what: str) -> None:
-        deadline = asyncio.get_running_loop().time() + 60
-        while not predicate():
-            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-            await asyncio.sleep(0.02)
-
     worker = AsyncWorker(async_engine, jobs, tasks, concurrency=1, poll_interval=0.1)
     task = asyncio.get_running_loop().create_task(worker.run(handle_signals=False))
     running.append(task)
@@ -97,7 +91,7 @@ async def test_a_claims_connection_is_kept_and_replaced_when_the_server_drops_it
     try:
         for n in range(3):
             await enqueue()
-            await until(lambda n=n: len(done) == n + 1, f"job {n + 1} run")
+            await wait_for_async(lambda n=n: len(done) == n + 1, 60, f"job {n + 1} run")
         held = await asyncio.to_thread(_claimer_backends, killer)
         assert held
         for pid in held:
@@ -105,7 +99,7 @@ async def test_a_claims_connection_is_kept_and_replaced_when_the_server_drops_it
         await enqueue()
         # A claim on a dropped connection fails and is logged; the next one
         # checks out a new connection.
-        await until(lambda: len(done) == 4, "the job after the drop run")
+        await wait_for_async(lambda: len(done) == 4, 60, "the job after the drop run")
         replaced = await asyncio.to_thread(_claimer_backends, killer)
         assert replaced and not (replaced & held)
     finally:
