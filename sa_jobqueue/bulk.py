@@ -210,6 +210,7 @@ def sequence_of(session: Session, table: Table) -> str:
 def copy_rows(
     session: Session, conn: Any, table: Table, sequence: str, rows: Sequence[dict[str, Any]],
     defaults: dict[str, Any], snapshot: Callable[[dict[str, Any]], T], loads: Callable[[str], Any],
+    payload_texts: Sequence[str] | None = None,
 ) -> list[T]:
     """COPY checked rows (from :func:`~sa_jobqueue.spec.to_row`) into ``table``,
     whose :func:`stored_defaults` are ``defaults``, on ``conn``
@@ -218,6 +219,8 @@ def copy_rows(
     Return, per row in input order, ``snapshot`` of every column's value as stored (a
     mapping of its own, which ``snapshot`` may keep), its JSON columns read back from
     their text by ``loads`` (:func:`~sa_jobqueue.snapshot.json_loads`: as the driver reads them).
+    ``payload_texts``: per row, its payload's :func:`~sa_jobqueue.jsontext.compact_json` if
+    its check made it already (sent as is: the payload is not encoded a second time).
     """
     reserved = session.execute(_RESERVE, {"sequence": sequence, "n": len(rows)}).one()
     now: datetime = reserved.now
@@ -230,8 +233,8 @@ def copy_rows(
 
     def records() -> Iterator[tuple[Any, ...]]:
         # One pass, as the driver writes: each row's stored values are known as it goes out.
-        for job_id, row in zip(ids, rows, strict=True):
-            encoded = compact_json(row["payload"])
+        texts = payload_texts if payload_texts is not None else (compact_json(row["payload"]) for row in rows)
+        for job_id, row, encoded in zip(ids, rows, texts, strict=True):
             delay: timedelta | None = row["delay"]
             run_at = row["run_at"] or (now + delay if delay else now)
             # As read back from jsonb: tuples become lists, keys strings.

@@ -158,14 +158,17 @@ class Enqueuer(Generic[M]):
             values["meta"] = loads(dumps(row["meta"]))
         return self.snapshots.of(values)
 
-    def many(self, session: Session, rows: list[dict[str, Any]], *, notify: bool) -> list[M]:
+    def many(self, session: Session, rows: list[dict[str, Any]], *, notify: bool,
+             payload_texts: list[str] | None = None) -> list[M]:
         """Insert ``rows`` and return their jobs in input order: a row whose
-        dedupe key a live job (or an earlier row) holds comes back as that job."""
-        return self._written(session, rows, notify)[0]
+        dedupe key a live job (or an earlier row) holds comes back as that job.
+        ``payload_texts``: per row, its payload as its check encoded it, if known."""
+        return self._written(session, rows, notify, payload_texts)[0]
 
-    def many_report(self, session: Session, rows: list[dict[str, Any]], *, notify: bool) -> list[EnqueueOutcome[M]]:
+    def many_report(self, session: Session, rows: list[dict[str, Any]], *, notify: bool,
+                    payload_texts: list[str] | None = None) -> list[EnqueueOutcome[M]]:
         """:meth:`many`, with what the call did for each row (:class:`~sa_jobqueue.dedupe.EnqueueOutcome`)."""
-        jobs, outcomes = self._written(session, rows, notify)
+        jobs, outcomes = self._written(session, rows, notify, payload_texts)
         return [EnqueueOutcome(job, outcome) for job, outcome in zip(jobs, outcomes, strict=True)]
 
     def count(self, session: Session, specs: list[Any], check: Callable[[Any], tuple[dict[str, Any], str]],
@@ -213,7 +216,8 @@ class Enqueuer(Generic[M]):
             self.notify_queues(session, runnable)
         return len(specs)
 
-    def _written(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> tuple[list[M], list[Outcome]]:
+    def _written(self, session: Session, rows: list[dict[str, Any]], notify: bool,
+                 payload_texts: list[str] | None = None) -> tuple[list[M], list[Outcome]]:
         """Write ``rows`` inside the enqueue hooks; each row's job and outcome. Raise
         :class:`InvalidArgumentError` before writing anything when a row has a dedupe
         window and this table deletes finished jobs."""
@@ -222,7 +226,7 @@ class Enqueuer(Generic[M]):
                                        "not keep (set __keep_done__ = True on its model)")
         hooks = enqueue_hooks.HOOKS
         if not (hooks and rows):  # an empty enqueue_many writes nothing: nothing to wrap
-            return self._many(session, rows, notify)
+            return self._many(session, rows, notify, payload_texts)
         outcomes: list[Outcome] = []
 
         def write(hooked: list[dict[str, Any]]) -> list[M]:
@@ -232,8 +236,10 @@ class Enqueuer(Generic[M]):
 
         return run_hooked(hooks, self.table.name, rows, write), outcomes
 
-    def _many(self, session: Session, rows: list[dict[str, Any]], notify: bool) -> tuple[list[M], list[Outcome]]:
+    def _many(self, session: Session, rows: list[dict[str, Any]], notify: bool,
+              payload_texts: list[str] | None = None) -> tuple[list[M], list[Outcome]]:
         # Plain rows are the bulk path: a job and a constant per row, no object of their own.
+        # payload_texts is given only where no hook ran: a hook may have changed a row's payload.
         result: list[M | None] = [None] * len(rows)
         outcomes: list[Outcome] = [INSERTED] * len(rows)
         latest: dict[int, M] = {}  # each keyed job as the last statement of the call left it
@@ -244,7 +250,7 @@ class Enqueuer(Generic[M]):
                     result[i], outcomes[i] = outcome.job, outcome.outcome
                     latest[outcome.job.id] = outcome.job
                 continue
-            copied = self._copy(session, params)
+            copied = self._copy(session, params, None if payload_texts is None else [payload_texts[i] for i in indexes])
             written = copied if copied is not None else self.snapshots.all(session.execute(self._insert, params).all())
             for i, job in zip(indexes, written, strict=True):
                 result[i] = job
@@ -366,15 +372,16 @@ class Enqueuer(Generic[M]):
         latest = {outcome.job.id: outcome.job for outcome in outcomes}  # a later row's snapshot is the newer
         return [EnqueueOutcome(latest[outcome.job.id], outcome.outcome) for outcome in outcomes]
 
-    def _copy(self, session: Session, rows: list[dict[str, Any]]) -> list[M] | None:
-        """COPY plain rows when COPY can stand in for the INSERT (see :mod:`sa_jobqueue.bulk`)."""
+    def _copy(self, session: Session, rows: list[dict[str, Any]], payload_texts: list[str] | None) -> list[M] | None:
+        """COPY plain rows when COPY can stand in for the INSERT (see :mod:`sa_jobqueue.bulk`);
+        ``payload_texts``: their payloads' JSON text, if known."""
         conn = self._copy_connection(session, rows)
         if conn is None or self._defaults is None:  # the second: for the type checker, _copy_connection saw to it
             return None
         if self._sequence is None:
             self._sequence = bulk.sequence_of(session, self.table)
         return bulk.copy_rows(session, conn, self.table, self._sequence, rows, self._defaults, self.snapshots.of,
-                              json_loads(session.connection()))
+                              json_loads(session.connection()), payload_texts)
 
     def _copy_connection(self, session: Session, rows: list[Any]) -> Any | None:
         """The connection COPY writes ``rows`` on, or None where the INSERT must (see :mod:`sa_jobqueue.bulk`)."""

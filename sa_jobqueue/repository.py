@@ -50,7 +50,7 @@ from .mixin import JobMixin, job_table
 from .reports import LeaseReport, QueueStats, ReapResult
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy, check_policy
 from .snapshot import Snapshots
-from .spec import JobSpec, check_specs, checked_row, plain_fields, to_row
+from .spec import JobSpec, check_specs, checked_row, checked_rows, plain_fields
 from .states import CANCELLED, DEAD, DEFAULT_QUEUE, STATUSES
 
 M = TypeVar("M", bound=JobMixin)
@@ -151,7 +151,9 @@ class JobRepository(Generic[M]):
         ``(queue, dedupe_key)``, so concurrent calls with overlapping keys
         wait for each other in line instead of deadlocking.
         """
-        return [outcome.job for outcome in self.enqueue_many_report(session, jobs)]
+        session = check_session(session)
+        rows, texts = checked_rows(jobs, self._user_columns)
+        return self._enqueuer.many(session, rows, notify=self.notify, payload_texts=texts)
 
     def enqueue_many_fast(self, session: Session, jobs: Iterable[JobSpec]) -> int:
         """:meth:`enqueue_many` without the jobs: return how many new jobs the specs made (one whose
@@ -168,8 +170,8 @@ class JobRepository(Generic[M]):
         """:meth:`enqueue_many`, with, per spec in input order, the job that won its place (new, or
         the holder of its dedupe key) and what the call did (:class:`~sa_jobqueue.EnqueueOutcome`)."""
         session = check_session(session)
-        rows = [to_row(spec, self._user_columns) for spec in check_specs(jobs)]
-        return self._enqueuer.many_report(session, rows, notify=self.notify)
+        rows, texts = checked_rows(jobs, self._user_columns)
+        return self._enqueuer.many_report(session, rows, notify=self.notify, payload_texts=texts)
 
     # -- claim and the fenced verbs --------------------------------------
 

@@ -239,6 +239,14 @@ def checked_row(
     return row, text
 
 
+def checked_rows(jobs: object, user_columns: frozenset[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """``enqueue_many``'s ``jobs`` (:func:`check_specs`), each checked by :func:`checked_row`: the
+    rows, and apart, each payload's JSON text as its check made it (what COPY sends, so that a
+    bulk enqueue encodes each payload once). The first bad spec raises, before anything is sent."""
+    checked = [checked_row(spec, user_columns) for spec in check_specs(jobs)]
+    return [row for row, _ in checked], [text for _, text in checked]
+
+
 def plain_fields(spec: object, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> tuple[str, str, str] | None:
     """A spec that sets nothing but its task, queue and payload (every other
     field at its default): its task, queue and payload as the
@@ -271,5 +279,5 @@ __all__ = [
     "check_claimed_many", "check_dedupe", "check_delay", "check_duration", "check_job_id", "check_lease", "check_name",
     "check_older_than", "check_payload", "check_poll_interval", "check_queues", "check_session", "check_specs",
     "check_statuses", "check_task_limits", "check_text", "check_timeout", "check_worker_name", "checked_row",
-    "clean_error", "int_between", "plain_fields", "positive_int", "shown", "text_problem", "to_row",
+    "checked_rows", "clean_error", "int_between", "plain_fields", "positive_int", "shown", "text_problem", "to_row",
 ]

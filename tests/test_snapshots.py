@@ -63,6 +63,30 @@ def test_bulk_enqueue_copies_and_returns_what_was_stored(sessions: sessionmaker[
         assert created[1].run_at == created[1].created_at + timedelta(seconds=1)
 
 
+class _CountedPayload(dict[str, Any]):
+    """A payload that counts its JSON encodings: json's encoder reads a dict subclass through items()."""
+
+    encodings = 0
+
+    def items(self) -> Any:
+        type(self).encodings += 1
+        return super().items()
+
+
+@pytest.mark.parametrize("verb", ["enqueue_many", "enqueue_many_report"])
+def test_bulk_enqueue_sends_each_payload_as_its_check_encoded_it(sessions: sessionmaker[Session], verb: str) -> None:
+    # What COPY sends is the text the payload's checks passed: encoded once, not again for the COPY.
+    _CountedPayload.encodings = 0
+    specs = [JobSpec("noop", _CountedPayload(i=i)) for i in range(COPY_THRESHOLD * 2)]
+    with sessions.begin() as session:
+        made = getattr(jobs, verb)(session, specs)
+    assert _CountedPayload.encodings == len(specs)
+    created = [getattr(item, "job", item) for item in made]
+    assert [job.payload for job in created] == [{"i": i} for i in range(len(specs))]
+    with sessions() as session:
+        _assert_equal_to_rows(session, created)
+
+
 def test_bulk_enqueue_rolls_back_with_the_callers_transaction(sessions: sessionmaker[Session]) -> None:
     with sessions() as session:
         session.begin()
