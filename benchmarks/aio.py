@@ -38,13 +38,18 @@ def has_async_worker() -> bool:
     return True
 
 
-def enqueue_async(url: URL, driver: str, *, count: int, warm: int, task: str, queue: str) -> float:
-    """Jobs/s of ``count`` enqueues, one per transaction, each on an
-    AsyncSession of ``driver`` (after ``warm`` untimed ones)."""
+def enqueue_async(url: URL, driver: str, *, count: int, warm: int, task: str, queue: str) -> tuple[float, float]:
+    """Jobs/s of ``count`` enqueues, one per transaction, each on an AsyncSession of
+    ``driver`` (after ``warm`` untimed ones), and beside them the same loop with the
+    job's row written by a plain Core ``INSERT … RETURNING id`` instead of ``enqueue``
+    (the same work done naively on the same stack); the two interleaved in rounds.
+    Each way writes ``warm + count`` rows."""
     return asyncio.run(_enqueue(url, driver, count=count, warm=warm, task=task, queue=queue))
 
 
-async def _enqueue(url: URL, driver: str, *, count: int, warm: int, task: str, queue: str) -> float:
+async def _enqueue(url: URL, driver: str, *, count: int, warm: int, task: str,
+                   queue: str) -> tuple[float, float]:
+    from sqlalchemy import insert
     from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
     from sa_jobqueue.aio import AsyncJobRepository
@@ -53,16 +58,27 @@ async def _enqueue(url: URL, driver: str, *, count: int, warm: int, task: str, q
     engine = create_async_engine(url.set(drivername=f"postgresql+{driver}"), pool_size=1)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     repo = AsyncJobRepository(Job)
+    plain_insert = insert(Job.__table__).returning(Job.__table__.c.id)
     try:
-        async def one(n: int) -> None:
+        async def one(way: str, n: int) -> None:
             async with sessions() as session, session.begin():
-                await repo.enqueue(session, task, {"n": n}, queue=queue)
+                if way == "enqueue":
+                    await repo.enqueue(session, task, {"n": n}, queue=queue)
+                else:
+                    await session.execute(plain_insert, {"task": task, "payload": {"n": n}, "queue": queue})
 
+        ways = ("enqueue", "insert")
         for n in range(warm):
-            await one(n)
-        started = time.perf_counter()
-        for n in range(count):
-            await one(n)
-        return count / (time.perf_counter() - started)
+            for way in ways:
+                await one(way, n)
+        spent = dict.fromkeys(ways, 0.0)
+        rounds = 10
+        for _ in range(rounds):
+            for way in ways:
+                started = time.perf_counter()
+                for n in range(count // rounds):
+                    await one(way, n)
+                spent[way] += time.perf_counter() - started
+        return tuple(rounds * (count // rounds) / spent[way] for way in ways)  # type: ignore[return-value]
     finally:
         await engine.dispose()
