@@ -7,6 +7,7 @@ peak RSS each reports are its own::
                                         [--record] [--pooler]
     python benchmarks/child.py sajq-async DSN --path a|b|c|g|t --driver psycopg|asyncpg --concurrency C [--sleep S]
     python benchmarks/child.py textbook DSN --concurrency C [--ledger]
+    python benchmarks/child.py textbook-session | grouped-session DSN --concurrency C [--group N]
     python benchmarks/child.py batch    DSN --concurrency C [--service]
     python benchmarks/child.py produce-sajq | produce-raw DSN --jobs 200 --gap 0.02
 
@@ -283,21 +284,48 @@ def run_textbook_session(args: argparse.Namespace) -> dict[str, Any]:
     job a fresh Session on it that claims one job, writes its ledger row,
     deletes it and commits. What path (b) of the thread worker does, done
     naively on the same stack: its ratio to this loop is the worker's own
-    cost, apart from the Session's."""
+    cost, apart from the Session's.
+
+    With ``--group N`` (the role ``grouped-session``), each Session claims up
+    to N jobs at once (the batch loop's CTE, in the Session's transaction),
+    writes their ledger rows one statement each, deletes them in one
+    statement and commits: what grouped commits (paths g and t) do, done
+    naively on the same stack."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.orm import Session
 
     engine = create_engine(sqlalchemy_url(args.dsn), pool_size=args.concurrency, max_overflow=0)
     claim = text(TEXTBOOK_CLAIM.replace("%s", ":queue"))
     add_row, delete = text(LEDGER_INSERT.replace("%s", ":id")), text(TEXTBOOK_DELETE.replace("%s", ":id"))
+    claim_group = text(BATCH_CLAIM.replace("= %s", "= :queue").replace("LIMIT %s", "LIMIT :limit"))
+    delete_group = text(BATCH_DELETE.replace("%s", ":ids"))
     ids: list[list[int]] = [[] for _ in range(args.concurrency)]
     go, errors = threading.Event(), []
     connections = [engine.connect() for _ in range(args.concurrency)]  # made outside the timing
+
+    def grouped(index: int) -> None:
+        done, conn = ids[index], connections[index]
+        go.wait()
+        while True:
+            with Session(conn) as session:
+                rows = session.execute(claim_group, {"queue": QUEUE, "limit": args.group}).all()
+                if not rows:
+                    session.commit()
+                    return
+                for row in rows:
+                    session.execute(add_row, {"id": row[0]})
+                claimed = [row[0] for row in rows]
+                session.execute(delete_group, {"ids": claimed})
+                session.commit()
+            done.extend(claimed)
 
     def loop(index: int) -> None:
         done, conn = ids[index], connections[index]
         go.wait()
         try:
+            if args.group:
+                grouped(index)
+                return
             while True:
                 with Session(conn) as session:
                     row = session.execute(claim, {"queue": QUEUE}).first()
@@ -551,8 +579,8 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["sajq", "sajq-async", "textbook", "textbook-session", "textbook-async",
-                                         "batch", "produce-sajq", "produce-raw"])
+    parser.add_argument("role", choices=["sajq", "sajq-async", "textbook", "textbook-session", "grouped-session",
+                                         "textbook-async", "batch", "produce-sajq", "produce-raw"])
     parser.add_argument("dsn")
     parser.add_argument("--path", choices=["a", "b", "c", "g", "t"], default="a")
     parser.add_argument("--concurrency", type=int, default=4)
@@ -567,6 +595,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="sajq: report every handler run (id, time)")
     parser.add_argument("--pooler", action="store_true", help="sajq: through PgBouncer < 1.21 (no prepared statements)")
     parser.add_argument("--ledger", action="store_true", help="textbook: the handler writes the job's ledger row")
+    parser.add_argument("--group", type=int, default=0, help="grouped-session: jobs per transaction")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--gap", type=float, default=0.02)
     args = parser.parse_args()
@@ -576,7 +605,7 @@ def main() -> None:
         out = run_sajq_async(args)
     elif args.role in ("textbook", "batch"):
         out = Loops(args).run(args.role)
-    elif args.role == "textbook-session":
+    elif args.role in ("textbook-session", "grouped-session"):
         out = run_textbook_session(args)
     elif args.role == "textbook-async":
         out = run_textbook_async(args)

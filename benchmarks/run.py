@@ -55,16 +55,21 @@ from common import (  # noqa: E402
 )
 from psycopg.types.json import Jsonb  # noqa: E402
 
-WORKLOADS = ("enqueue", "enqueue-async", "bulk", "textbook", "textbook-row", "textbook-session", "batch", "drain-a",
+WORKLOADS = ("enqueue", "enqueue-async", "bulk", "textbook", "textbook-row", "textbook-session", "grouped-session",
+             "batch", "drain-a",
              "drain-b", "drain-c",
              "drain-g", "drain-t", "drain-async",
              "latency", "io", "rss", "claim-scale")
-GROUPS = {"drain": ("textbook", "textbook-row", "textbook-session", "batch", "drain-a", "drain-b", "drain-c", "drain-g",
-                   "drain-t")}
+GROUPS = {"drain": ("textbook", "textbook-row", "textbook-session", "grouped-session", "batch", "drain-a", "drain-b",
+                   "drain-c", "drain-g", "drain-t")}
 # The raw loops; "textbook-row" is the textbook loop whose handler writes the ledger row of paths b, c, g
 # and t in the job's transaction: the same work as theirs, done naively; "textbook-session" the same
 # loop written with SQLAlchemy's Session (the same work done naively on path b's stack).
-RAW_LOOPS = ("textbook", "textbook-row", "textbook-session", "batch")
+# "grouped-session" is that loop with GROUPED jobs per transaction (claimed at once, their rows written one
+# statement each, deleted in one): grouped commits (paths g and t) done naively on the same stack. GROUPED
+# is the size of path g's groups at C=4 and a batch size of 100 (sa_jobqueue.worker.group.group_sizes).
+RAW_LOOPS = ("textbook", "textbook-row", "textbook-session", "grouped-session", "batch")
+GROUPED = 25
 # The textbook loop with the ledger row written with SQLAlchemy's asyncio API, one per async driver
 # (part of "drain-async"): path (b) of the asyncio worker against the same work done naively on its stack.
 TEXTBOOK_ASYNC = "textbook-async"
@@ -311,7 +316,8 @@ class Bench:
     def drain(self, kind: str, concurrency: int) -> None:
         """kind: a raw loop (:data:`RAW_LOOPS`) or an execution path 'a', 'b', 'c', 'g', 't'."""
         if kind in RAW_LOOPS:
-            argv = ["textbook", "--ledger"] if kind == "textbook-row" else [kind]
+            argv = (["textbook", "--ledger"] if kind == "textbook-row"
+                    else [kind, "--group", str(GROUPED)] if kind == "grouped-session" else [kind])
             self._drain([*argv, "--concurrency", str(concurrency)], kind, f"drain-{kind}-{concurrency}")
             return
         if kind in ("g", "t") and not has_group_commit():
@@ -387,7 +393,7 @@ class Bench:
             result = out["result"]
             if result["completed"] != len(ids) or result["retried"] or result["dead"] or result["lost"]:
                 problems.append(f"WorkerResult {result} for {len(ids)} jobs")
-        writes_ledger = kind in ("textbook-row", "textbook-session", TEXTBOOK_ASYNC, *LEDGER_PATHS)
+        writes_ledger = kind in ("textbook-row", "textbook-session", "grouped-session", TEXTBOOK_ASYNC, *LEDGER_PATHS)
         if writes_ledger and (len(ledger) != len(ids) or set(ledger) != set(ids)):
             problems.append(f"{len(ledger)} ledger rows for {len(ids)} jobs ({len(set(ids) - set(ledger))} missing)")
         if problems:
@@ -607,16 +613,20 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
               ("textbook-row", "raw textbook loop writing the ledger row in the job's transaction"),
               ("textbook-session", "textbook loop writing the ledger row on SQLAlchemy's Session (a connection per "
                "thread, a session per job)"),
+              ("grouped-session", f"the same loop with {GROUPED} jobs per transaction (claimed at once, a ledger row "
+               "each, deleted at once)"),
               ("batch", "raw batch loop (claim 100 per CTE, delete by ANY, LISTEN)")]
     drains += [(p, f"drain ({p}) {text}") for p, text in PATHS.items()]
     for kind, label in drains:
         for c in args.concurrency:
             name = f"drain-{kind}-{c}"
-            writes_row = kind in (*LEDGER_PATHS, "textbook-session")
+            writes_row = kind in (*LEDGER_PATHS, "textbook-session", "grouped-session")
             same_work = ratio(m.get(name), m.get(f"drain-textbook-row-{c}")) if writes_row else None
             own = f"{rx(same_work)} the textbook loop writing the row" if same_work is not None else "—"
             if kind == "b":
                 own += f", {rx(ratio(m.get(name), m.get(f'drain-textbook-session-{c}')))} the Session textbook loop"
+            if kind in ("g", "t"):
+                own += f", {rx(ratio(m.get(name), m.get(f'drain-grouped-session-{c}')))} the grouped Session loop"
             row(label, str(c), m.get(name), "jobs/s", m.get(f"drain-textbook-{c}"), m.get(f"drain-batch-{c}"), own)
     if bench.wanted("drain-async"):
         for driver in ("psycopg", "asyncpg"):
@@ -751,6 +761,12 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
            ratio(m.get("drain-g-4"), m.get("drain-textbook-4")), lambda v: v >= 3)
     target("2. drain, transaction mode in batches, grouped commits (path t), C=4", ">= 3x the textbook loop",
            ratio(m.get("drain-t-4"), m.get("drain-textbook-4")), lambda v: v >= 3)
+    # Beside them: grouped commits done naively on the same stack (the grouped Session loop).
+    for path in ("g", "t"):
+        target(f"2. (beside it) path {path} against the grouped loop on SQLAlchemy's Session, C=4", ">= 1.0x that loop",
+               ratio(m.get(f"drain-{path}-4"), m.get("drain-grouped-session-4")), lambda v: v >= 1.0)
+    target("2. (beside it) the grouped loop on SQLAlchemy's Session itself, C=4", ">= 3x the textbook loop",
+           ratio(m.get("drain-grouped-session-4"), m.get("drain-textbook-4")), lambda v: v >= 3)
     target("3. drain, no-session handler, batched completion (path a), C=4", ">= 0.5x the raw batch loop",
            ratio(m.get("drain-a-4"), m.get("drain-batch-4")), lambda v: v >= 0.5)
     target("4. enqueue, one job per transaction", ">= 0.6x the raw INSERT loop",
