@@ -39,8 +39,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 # The reference loops: the same code whichever core is measured.
-CONTROLS = ("drain-textbook-", "drain-batch-", "enqueue-raw", "enqueue-async-insert-", "outbox-raw-", "bulk-copy",
-            "latency-batch-")
+CONTROLS = ("drain-textbook-", "drain-grouped-session-", "drain-batch-", "enqueue-raw", "enqueue-async-insert-",
+            "outbox-raw-", "bulk-copy", "latency-batch-")
 # Times and sizes: a higher figure is worse (the outbox's are µs that an enqueue adds to a transaction).
 LOWER_IS_BETTER = ("latency-", "rss-first", "rss-total", "outbox-")
 
