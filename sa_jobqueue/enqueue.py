@@ -182,7 +182,8 @@ class Enqueuer(Generic[M]):
             streamed = self._stream(session, specs, check, plain, notify)
             if streamed is not None:
                 return streamed
-        outcomes = self._written(session, [check(spec)[0] for spec in specs], notify)[1]
+        checked = [check(spec) for spec in specs]
+        outcomes = self._written(session, [row for row, _ in checked], notify, [text for _, text in checked])[1]
         return sum(outcome == INSERTED for outcome in outcomes)
 
     def _stream(self, session: Session, specs: list[Any], check: Callable[[Any], tuple[dict[str, Any], str]],
