@@ -9,6 +9,7 @@ peak RSS each reports are its own::
     python benchmarks/child.py textbook DSN --concurrency C [--ledger]
     python benchmarks/child.py textbook-session | grouped-session DSN --concurrency C [--group N]
     python benchmarks/child.py batch    DSN --concurrency C [--service]
+    python benchmarks/child.py batch-session DSN --concurrency C
     python benchmarks/child.py produce-sajq | produce-raw DSN --jobs 200 --gap 0.02
 
 Protocol on stdin/stdout, every line of ours prefixed with ``@@``: the child
@@ -408,6 +409,69 @@ def run_textbook_async(args: argparse.Namespace) -> dict[str, Any]:
     return asyncio.run(drain())
 
 
+def run_batch_session(args: argparse.Namespace) -> dict[str, Any]:
+    """The raw batch loop written with SQLAlchemy's ORM on psycopg: C threads,
+    each holding one autocommit connection, and per claim a fresh Session on
+    it that claims up to 100 jobs with the batch loop's CTE (returning every
+    column, loaded as instances of the model), runs each job's handler (it
+    does nothing), deletes them in one statement and closes. What path (a) of
+    the thread worker does (jobs handed to handlers as model instances,
+    completed in batches), done naively on the same stack."""
+    from sqlalchemy import create_engine, select, text
+    from sqlalchemy.orm import Session
+
+    from sa_jobqueue.default import Job
+
+    engine = create_engine(sqlalchemy_url(args.dsn), pool_size=args.concurrency, max_overflow=0)
+    claim = select(Job).from_statement(text(
+        BATCH_CLAIM.replace("= %s", "= :queue").replace("LIMIT %s", "LIMIT :limit")
+        .replace("RETURNING t.id, t.payload", "RETURNING t.*")))
+    delete = text(BATCH_DELETE.replace("%s", ":ids"))
+    ids: list[list[int]] = [[] for _ in range(args.concurrency)]
+    go, errors = threading.Event(), []
+    connections = [engine.connect().execution_options(isolation_level="AUTOCOMMIT")  # outside the timing
+                   for _ in range(args.concurrency)]
+
+    def handle(job: Any) -> None:
+        pass
+
+    def loop(index: int) -> None:
+        done, conn = ids[index], connections[index]
+        go.wait()
+        try:
+            while True:
+                with Session(conn) as session:
+                    jobs = session.scalars(claim, {"queue": QUEUE, "limit": BATCH}).all()
+                    if not jobs:
+                        return
+                    for job in jobs:
+                        handle(job)
+                    claimed = [job.id for job in jobs]
+                    session.execute(delete, {"ids": claimed})
+                    session.commit()
+                done.extend(claimed)
+        except BaseException as exc:  # reported by the parent as a failure
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(args.concurrency)]
+    for thread in threads:
+        thread.start()
+    say("ready")
+    wait_for("go")
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    go.set()
+    for thread in threads:
+        thread.join()
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+    for conn in connections:
+        conn.close()
+    engine.dispose()
+    if errors:
+        raise errors[0]
+    return {"seconds": seconds, "cpu": cpu, "hwm_kb": hwm_kb(), "ids": [i for done in ids for i in done],
+            "stamps": {}}
+
+
 # -- the raw psycopg reference loops ----------------------------------------------
 
 
@@ -580,7 +644,7 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["sajq", "sajq-async", "textbook", "textbook-session", "grouped-session",
-                                         "textbook-async", "batch", "produce-sajq", "produce-raw"])
+                                         "textbook-async", "batch", "batch-session", "produce-sajq", "produce-raw"])
     parser.add_argument("dsn")
     parser.add_argument("--path", choices=["a", "b", "c", "g", "t"], default="a")
     parser.add_argument("--concurrency", type=int, default=4)
@@ -609,6 +673,8 @@ def main() -> None:
         out = run_textbook_session(args)
     elif args.role == "textbook-async":
         out = run_textbook_async(args)
+    elif args.role == "batch-session":
+        out = run_batch_session(args)
     else:
         out = produce(args)
     say(json.dumps(out))

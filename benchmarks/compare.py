@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 
 # The reference loops: the same code whichever core is measured.
 CONTROLS = ("drain-textbook-", "drain-grouped-session-", "drain-batch-", "enqueue-raw", "enqueue-async-insert-",
-            "outbox-raw-", "bulk-copy", "latency-batch-")
+            "outbox-raw-", "bulk-copy", "bulk-orm", "latency-batch-")
 # Times and sizes: a higher figure is worse (the outbox's are µs that an enqueue adds to a transaction).
 LOWER_IS_BETTER = ("latency-", "rss-first", "rss-total", "outbox-")
 

@@ -56,11 +56,12 @@ from common import (  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 
 WORKLOADS = ("enqueue", "enqueue-async", "bulk", "textbook", "textbook-row", "textbook-session", "grouped-session",
-             "batch", "drain-a",
+             "batch", "batch-session", "drain-a",
              "drain-b", "drain-c",
              "drain-g", "drain-t", "drain-async",
              "latency", "io", "rss", "claim-scale")
-GROUPS = {"drain": ("textbook", "textbook-row", "textbook-session", "grouped-session", "batch", "drain-a", "drain-b",
+GROUPS = {"drain": ("textbook", "textbook-row", "textbook-session", "grouped-session", "batch", "batch-session",
+                   "drain-a", "drain-b",
                    "drain-c", "drain-g", "drain-t")}
 # The raw loops; "textbook-row" is the textbook loop whose handler writes the ledger row of paths b, c, g
 # and t in the job's transaction: the same work as theirs, done naively; "textbook-session" the same
@@ -68,7 +69,9 @@ GROUPS = {"drain": ("textbook", "textbook-row", "textbook-session", "grouped-ses
 # "grouped-session" is that loop with GROUPED jobs per transaction (claimed at once, their rows written one
 # statement each, deleted in one): grouped commits (paths g and t) done naively on the same stack. GROUPED
 # is the size of path g's groups at C=4 and a batch size of 100 (sa_jobqueue.worker.group.group_sizes).
-RAW_LOOPS = ("textbook", "textbook-row", "textbook-session", "grouped-session", "batch")
+# "batch-session" is the batch loop written with SQLAlchemy's ORM (each claim's rows loaded as instances of
+# the model, handed to a handler that does nothing, deleted at once): path (a) done naively on its stack.
+RAW_LOOPS = ("textbook", "textbook-row", "textbook-session", "grouped-session", "batch", "batch-session")
 GROUPED = 25
 # The textbook loop with the ledger row written with SQLAlchemy's asyncio API, one per async driver
 # (part of "drain-async"): path (b) of the asyncio worker against the same work done naively on its stack.
@@ -295,6 +298,9 @@ class Bench:
                 finally:
                     engine.dispose()
                 self._expect_rows(libpq(url), count)
+        with self.dbs.fresh() as url:
+            self.values["bulk-orm"].append(self._bulk_orm(url, count, chunk))
+            self._expect_rows(libpq(url), count)
         with self.dbs.fresh() as url, psycopg.connect(libpq(url)) as conn:
             started = time.perf_counter()
             for start in range(0, count, chunk):
@@ -304,6 +310,30 @@ class Bench:
                 conn.commit()
             self.values["bulk-copy"].append(count / (time.perf_counter() - started))
             self._expect_rows(libpq(url), count)
+
+    @staticmethod
+    def _bulk_orm(url: Any, count: int, chunk: int) -> float:
+        """The bulk enqueue's rows written naively on its stack: SQLAlchemy's ORM bulk INSERT with RETURNING
+        the model (insertmanyvalues), each chunk's jobs coming back as instances, one transaction per chunk."""
+        from sqlalchemy import create_engine, insert
+        from sqlalchemy.orm import Session
+
+        from sa_jobqueue.default import Job
+
+        engine = create_engine(url, pool_size=1)
+        add_jobs = insert(Job).returning(Job)
+        try:
+            with engine.connect():
+                pass
+            started = time.perf_counter()
+            for start in range(0, count, chunk):
+                rows = [{"task": TASK, "queue": QUEUE, "payload": {"n": n}}
+                        for n in range(start, min(start + chunk, count))]
+                with Session(engine) as session, session.begin():
+                    session.scalars(add_jobs, rows).all()
+            return count / (time.perf_counter() - started)
+        finally:
+            engine.dispose()
 
     def _expect_rows(self, dsn: str, count: int) -> None:
         with psycopg.connect(dsn) as conn:
@@ -615,7 +645,9 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
                "thread, a session per job)"),
               ("grouped-session", f"the same loop with {GROUPED} jobs per transaction (claimed at once, a ledger row "
                "each, deleted at once)"),
-              ("batch", "raw batch loop (claim 100 per CTE, delete by ANY, LISTEN)")]
+              ("batch", "raw batch loop (claim 100 per CTE, delete by ANY, LISTEN)"),
+              ("batch-session", "the batch loop on SQLAlchemy's ORM (each claim's rows loaded as model instances, a "
+               "session per claim)")]
     drains += [(p, f"drain ({p}) {text}") for p, text in PATHS.items()]
     for kind, label in drains:
         for c in args.concurrency:
@@ -627,6 +659,8 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
                 own += f", {rx(ratio(m.get(name), m.get(f'drain-textbook-session-{c}')))} the Session textbook loop"
             if kind in ("g", "t"):
                 own += f", {rx(ratio(m.get(name), m.get(f'drain-grouped-session-{c}')))} the grouped Session loop"
+            if kind == "a":
+                own = f"{rx(ratio(m.get(name), m.get(f'drain-batch-session-{c}')))} the batch loop on the ORM"
             row(label, str(c), m.get(name), "jobs/s", m.get(f"drain-textbook-{c}"), m.get(f"drain-batch-{c}"), own)
     if bench.wanted("drain-async"):
         for driver in ("psycopg", "asyncpg"):
@@ -690,6 +724,10 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
         row(f"bulk enqueue, the count only (enqueue_many_fast, chunks of {args.chunk:,})", "1", m.get("bulk-fast"),
             "jobs/s", tb1, bt1, f"{rx(ratio(m.get('bulk-fast'), m.get('bulk-copy')))} raw COPY, "
             f"{rx(ratio(m.get('bulk-fast'), m.get('bulk')))} enqueue_many's", missing=NA)
+    if bench.wanted("bulk"):
+        row(f"the same rows by SQLAlchemy's ORM bulk INSERT ... RETURNING the model (chunks of {args.chunk:,})", "1",
+            m.get("bulk-orm"), "jobs/s", tb1, bt1, f"{rx(ratio(m.get('bulk-orm'), m.get('bulk-copy')))} raw COPY, "
+            f"{rx(ratio(m.get('bulk'), m.get('bulk-orm')))} in enqueue_many's favour", missing=NA)
     row(f"raw COPY (chunks of {args.chunk:,})", "1", m.get("bulk-copy"), "jobs/s", tb1, bt1, "1.00x")
     for p in ("p50", "p95", "p99"):
         raw = m.get(f"latency-batch-{p}")
@@ -769,6 +807,11 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
            ratio(m.get("drain-grouped-session-4"), m.get("drain-textbook-4")), lambda v: v >= 3)
     target("3. drain, no-session handler, batched completion (path a), C=4", ">= 0.5x the raw batch loop",
            ratio(m.get("drain-a-4"), m.get("drain-batch-4")), lambda v: v >= 0.5)
+    # Beside it: the batch loop done naively on the same stack (model instances loaded by SQLAlchemy's ORM).
+    target("3. (beside it) path a against the batch loop on SQLAlchemy's ORM, C=4", ">= 1.0x that loop",
+           ratio(m.get("drain-a-4"), m.get("drain-batch-session-4")), lambda v: v >= 1.0)
+    target("3. (beside it) the batch loop on SQLAlchemy's ORM itself, C=4", ">= 0.5x the raw batch loop",
+           ratio(m.get("drain-batch-session-4"), m.get("drain-batch-4")), lambda v: v >= 0.5)
     target("4. enqueue, one job per transaction", ">= 0.6x the raw INSERT loop",
            ratio(m.get("enqueue"), m.get("enqueue-raw")), lambda v: v >= 0.6)
     target("4. enqueue in a transaction writing a business row: Python beyond its one round trip",
@@ -777,6 +820,11 @@ def report(args: argparse.Namespace, bench: Bench, version: str, origin: str, co
     target("5. bulk enqueue", ">= 0.6x raw COPY", ratio(m.get("bulk"), m.get("bulk-copy")), lambda v: v >= 0.6)
     target("5. bulk enqueue, the count only (enqueue_many_fast)", ">= 0.6x raw COPY",
            ratio(m.get("bulk-fast"), m.get("bulk-copy")), lambda v: v >= 0.6)
+    # Beside it: the jobs written and returned as model instances naively on the same stack (the ORM's bulk INSERT).
+    target("5. (beside it) enqueue_many against the ORM's bulk INSERT ... RETURNING the model", ">= 1.0x that",
+           ratio(m.get("bulk"), m.get("bulk-orm")), lambda v: v >= 1.0)
+    target("5. (beside it) the ORM's bulk INSERT ... RETURNING the model itself", ">= 0.6x raw COPY",
+           ratio(m.get("bulk-orm"), m.get("bulk-copy")), lambda v: v >= 0.6)
     lat_missing = NA if bench.wanted("latency") and not bench.has_listen else "—"
     target("6. latency p50", "<= 1.3x the raw batch loop's",
            ratio(m.get("latency-sajq-p50"), m.get("latency-batch-p50")), lambda v: v <= 1.3, lat_missing)

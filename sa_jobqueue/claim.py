@@ -18,6 +18,7 @@ import os
 import socket
 import uuid
 from datetime import timedelta
+from operator import itemgetter
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection
@@ -51,6 +52,8 @@ class Claimer(Generic[M]):
         # reused with new parameters (SQLAlchemy's compiled cache).
         self._claims: dict[tuple[int, int], DirectStatement] = {}
         self._bury = statements.bury(model)
+        # Claim order (priority, then run_at, then id), as positions in a row of the snapshots' columns.
+        self._order = itemgetter(*(snapshots.keys.index(key) for key in ("priority", "run_at", "id")))
 
     def claim(self, session: Session, params: dict[str, Any]) -> list[M]:
         """Run the claim with checked ``params`` (``queues``, ``limit``,
@@ -68,13 +71,15 @@ class Claimer(Generic[M]):
         params = {k: v for k, v in params.items() if k != "queues"} | dict(zip(statements.queue_keys(len(queues)),
                                                                                queues, strict=True))
         while True:
-            jobs, failed = self.snapshots.decode(claim.rows(connection, params), loads)
+            # In claim order: an UPDATE returns its rows in no particular order. Sorted as rows, by
+            # their values, rather than as snapshots, whose attributes cost more to read.
+            rows = sorted(claim.rows(connection, params), key=self._order)
+            jobs, failed = self.snapshots.decode(rows, loads)
             if not failed:
                 break
             self._bury_undecodable(connection, failed)  # each round takes rows off the queue for good
             if jobs:
                 break
-        jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
         return jobs
 
     def _statement(self, queues: list[str], limit: int) -> DirectStatement:

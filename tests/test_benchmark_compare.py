@@ -59,9 +59,10 @@ def test_the_raw_reference_of_the_outbox_is_a_control() -> None:
 
 
 @pytest.mark.parametrize("name", [
-    "drain-grouped-session-4", "enqueue-async-insert-asyncpg", "drain-textbook-session-4",
+    "drain-grouped-session-4", "enqueue-async-insert-asyncpg", "drain-textbook-session-4", "drain-batch-session-4",
+    "bulk-orm",
 ])
 def test_the_loops_done_naively_on_the_products_stack_are_controls(name: str) -> None:
-    """The grouped Session loop and the plain INSERT on an AsyncSession run the same code for both revisions."""
+    """The loops on SQLAlchemy's Session, ORM and AsyncSession run the same code for both revisions."""
     text = _compare().report("before", "after", [({name: [100.0]}, {name: [130.0]})], 0.10, [])
     assert text.splitlines()[-1].endswith("| reference loop (drift) |"), text

@@ -3,6 +3,7 @@ in the session's transaction, as SQLAlchemy would send them where anything could
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
@@ -10,7 +11,21 @@ from typing import Any
 import psycopg
 import pytest
 from jobapp import Ledger, TaskJob, jobs, reports
-from sqlalchemy import Engine, Integer, bindparam, create_engine, event, func, insert, select, text
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Engine,
+    Integer,
+    String,
+    Uuid,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    text,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -190,6 +205,40 @@ def test_parameters_go_through_their_types_as_sqlalchemy_sends_them(engine: Engi
         assert conn.execute(select(TaskJob.queue, TaskJob.payload).where(TaskJob.id == other[0])).one() == (
             "other", None)
         conn.rollback()
+
+
+def test_arrays_of_ids_and_tokens_go_to_psycopg_in_binary_and_come_back_the_same(engine: Engine) -> None:
+    """A batch's ids and lock tokens (arrays of integers, of UUIDs) are sent in
+    psycopg's binary format, which costs the client a fraction of an array
+    literal's work; other arrays as before. The values are the same either way."""
+    direct = DirectStatement(select(bindparam("ids", type_=ARRAY(BigInteger)).label("ids"),
+                                    bindparam("tokens", type_=ARRAY(Uuid)).label("tokens"),
+                                    bindparam("names", type_=ARRAY(String)).label("names")))
+    sent: list[str] = []
+
+    def before(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> tuple[str, Any]:
+        sent.append(statement)
+        return statement, parameters
+
+    setattr(before, MARKS_ONLY, True)
+    token = uuid.uuid4()
+    cases = [
+        ([1, -5, 2**40, 2**63 - 1], [token, uuid.UUID(int=0)], ["a", "é"]),
+        ([], [], []),
+        ([7, None], [None, token], [None]),
+        (None, None, None),
+    ]
+    event.listen(engine, "before_cursor_execute", before, retval=True)
+    try:
+        with engine.connect() as conn:
+            for ids, tokens, names in cases:
+                [row] = direct.rows(conn, {"ids": ids, "tokens": tokens, "names": names})
+                assert row == (ids, tokens, names)
+            with pytest.raises(sa_exc.DBAPIError):  # as out of range as in an array literal
+                direct.rows(conn, {"ids": [2**63], "tokens": [], "names": []})
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+    assert "%(ids)b" in sent[0] and "%(tokens)b" in sent[0] and "%(names)s" in sent[0]
 
 
 def test_listeners_that_only_mark_statements_are_run_by_it_and_are_no_reason_to_fall_back(engine: Engine) -> None:
