@@ -12,8 +12,10 @@ jobs (``DATABASE_URL``, else an embedded PostgreSQL), claim 100 and complete
 them until the queue is empty. The library's cycle is what a lease-mode
 worker runs: ``sa_jobqueue.worker.lease.claim_on`` on an autocommit
 connection kept across claims (the claim statement, the rows decoded into
-snapshots), then ``JobRepository.complete_many`` in a session of the
-worker's own autocommit engine (the completer's write). The raw cycle is
+snapshots), then the completer's write: ``JobRepository.completions.many_on``
+on a connection checked out of the worker's own autocommit engine for it
+(cores before it: ``JobRepository.complete_many`` in a session of that
+engine, as their completer wrote). The raw cycle is
 the raw batch loop's two statements through psycopg (``BATCH_CLAIM``,
 ``BATCH_DELETE``). Rounds alternate between the two.
 
@@ -79,6 +81,11 @@ def library_cycles(url: URL) -> list[Cycle]:
     cycles: list[Cycle] = []
 
     def complete(claimed: list[Job]) -> None:
+        if hasattr(jobs, "completions"):
+            with engine.connect() as connection:
+                jobs.completions.many_on(connection, claimed)
+                connection.commit()
+            return
         with Session(engine) as session, session.begin():
             jobs.complete_many(session, claimed)
 

@@ -42,8 +42,8 @@ from .checks import (
     positive_int,
 )
 from .claim import DEFAULT_LEASE, Claimer, default_worker_name
+from .completion import Completions
 from .dedupe import Dedupe, EnqueueOutcome
-from .direct import DirectStatement
 from .enqueue import Enqueuer
 from .errors import InvalidArgumentError, JobLostError
 from .mixin import JobMixin, job_table
@@ -85,10 +85,11 @@ class JobRepository(Generic[M]):
         #: The claim behind :meth:`claim`; a worker's claimer threads call its
         #: ``claim_on`` with checked arguments on the connections they hold.
         self.claimer: Claimer[M] = Claimer(model, self.snapshots)
+        #: The completions behind :meth:`complete` and :meth:`complete_many`; a worker's
+        #: completer calls its ``many_on`` on the connection it keeps for its writes.
+        self.completions = Completions(model, keep_done=self.keep_done)
         # Statements are values: built once, reused with new parameters, so the
         # hot path skips construction and hits SQLAlchemy's compiled cache.
-        self._complete = DirectStatement(statements.complete(model, keep_done=self.keep_done))
-        self._complete_many = DirectStatement(statements.complete_many(model, keep_done=self.keep_done))
         self._fail = statements.fail(model)
         self._heartbeat = statements.heartbeat(model)
         self._hand_back = statements.hand_back(model)
@@ -215,19 +216,14 @@ class JobRepository(Generic[M]):
         sets ``__keep_done__``. Raise :class:`JobLostError` if not owned."""
         session = check_session(session)
         check_claimed("job", job, self.model)
-        params = {"job_id": job.id, "token": job.lock_token}
-        if not self._complete.rows(self._complete.connection(session), params):
+        if not self.completions.one(session, job):
             raise JobLostError(job.id, "complete")
 
     def complete_many(self, session: Session, jobs: Sequence[M]) -> set[int]:
         """Finish many claimed jobs in one fenced statement; return the ids
         finished. A job missing from the result was no longer owned."""
         session = check_session(session)
-        jobs = check_claimed_many("jobs", jobs, self.model)
-        if not jobs:
-            return set()
-        params = {"ids": [j.id for j in jobs], "tokens": [j.lock_token for j in jobs]}
-        return {row[0] for row in self._complete_many.rows(self._complete_many.connection(session), params)}
+        return self.completions.many(session, check_claimed_many("jobs", jobs, self.model))
 
     def fail(self, session: Session, job: M, error: str, *, policy: RetryPolicy = DEFAULT_RETRY_POLICY,
              delay: timedelta | None = None, at: datetime | None = None, max_attempts: int | None = None,

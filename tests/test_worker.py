@@ -147,19 +147,6 @@ def test_registry_rejects_duplicates_and_detects_session_argument() -> None:
     assert info.value.parameter == "max_attempts"
 
 
-def test_sessionless_handlers_complete_in_batches(engine: Engine, sessions: sessionmaker[Session]) -> None:
-    with sessions.begin() as session:
-        jobs.enqueue_many(session, [JobSpec("noop") for _ in range(300)])
-    with recorded_sql(engine) as statements:
-        result = _worker(engine, "lease", concurrency=4).run(until_empty=True)
-    deletes = [s for s in statements if s.startswith("DELETE FROM task_jobs")]
-    assert (result.completed, result.lost) == (300, 0)
-    assert len(deletes) < 300 / 2  # many completions per statement
-    assert all("ANY" in d for d in deletes)
-    with sessions() as session:
-        assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
-
-
 def test_batched_completions_are_written_before_run_returns(engine: Engine, sessions: sessionmaker[Session]) -> None:
     with sessions.begin() as session:
         jobs.enqueue_many(session, [JobSpec("noop") for _ in range(2000)])

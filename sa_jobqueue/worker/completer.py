@@ -8,6 +8,10 @@ slot thread that fills the buffer writes it, so the worker's loop keeps
 claiming meanwhile; in the asyncio worker, the loop), ``max_delay`` after the first one (the loop writes
 it), and always before the worker stops.
 
+In the thread worker each write is one statement on a connection of the
+worker's own autocommit engine, without a session around it; a connection
+that an error made unusable is discarded, not given back to the pool.
+
 A job counts as completed only once its flush has committed; until then it
 stays held, so its lease is still extended. A flush that fails keeps its
 completions and waits before the next try, doubling the wait from
@@ -27,9 +31,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from .. import signals
+from ..connections import is_fatal_to_connection
 from .books import Books
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -53,8 +59,12 @@ class Completer:
         max_retry_delay: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         write_when_full: bool = True,
+        engine: Engine | None = None,
     ) -> None:
         self.books = books
+        # The worker's own autocommit engine (the thread worker's): each write is one statement
+        # on a connection of it, without a session around it. None: a session of ``control`` each.
+        self.engine = engine
         # False (the asyncio worker): add() never writes; the loop writes
         # when due() says so, since add() runs outside SQLAlchemy's greenlet.
         self.write_when_full = write_when_full
@@ -129,8 +139,7 @@ class Completer:
         for repo in {id(entry[0]): entry[0] for entry in entries}.values():
             mine = [entry for entry in entries if entry[0] is repo]
             try:
-                with self.control() as session:
-                    done = repo.complete_many(session, [job for _, job, _ in mine])
+                done = self._complete(repo, [job for _, job, _ in mine])
             except Exception as exc:
                 failed += mine
                 self._failed(len(mine), exc)
@@ -142,6 +151,25 @@ class Completer:
             elif self._failures:
                 log.info("worker %s: completions are written again", self.name)
                 self._failures = 0
+
+    def _complete(self, repo: Any, jobs: list[Any]) -> set[int]:
+        """One fenced statement for ``jobs`` of ``repo``'s table; the ids it finished."""
+        if self.engine is None:
+            with self.control() as session:
+                return repo.complete_many(session, jobs)  # type: ignore[no-any-return]
+        with self.engine.connect() as connection:
+            try:
+                done: set[int] = repo.completions.many_on(connection, jobs)
+            except BaseException as exc:
+                # The statement went straight to the driver, past the engine's handle_error: a write
+                # interrupted mid-statement, or one whose error made the connection unusable, must
+                # not go back to the pool for the next write.
+                if not isinstance(exc, Exception) or is_fatal_to_connection(exc):
+                    connection.invalidate(exc)
+                raise
+            if connection.in_transaction():  # autocommit: it committed; end SQLAlchemy's record of it
+                connection.commit()
+            return done
 
     def _failed(self, count: int, exc: Exception) -> None:
         with self._lock:

@@ -245,7 +245,7 @@ class Worker(WorkerFace):
         return WorkerContext(
             options=self.options, name=self.name, tasks=self.tasks, repositories=self.repositories,
             sessions=self._sessions, job_sessions=JobSessions(self._sessions), control=control, books=self._books,
-            completer=Completer(self._books, control, sender=self, name=self.name),
+            completer=Completer(self._books, control, sender=self, name=self.name, engine=control.engine),
             pacer=_pacer(self.options), sender=self, step_now=self._step_now,
         )
 
