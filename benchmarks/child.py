@@ -340,7 +340,14 @@ def run_textbook_session(args: argparse.Namespace) -> dict[str, Any]:
         except BaseException as exc:  # reported by the parent as a failure
             errors.append(exc)
 
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(args.concurrency)]
+    return _run_session_threads(loop, args.concurrency, go, errors, connections, engine, ids)
+
+
+def _run_session_threads(loop: Any, concurrency: int, go: threading.Event, errors: list[BaseException],
+                         connections: list[Any], engine: Any, ids: list[list[int]]) -> dict[str, Any]:
+    """The measured part of a loop on SQLAlchemy's stack: ``loop(index)`` in ``concurrency``
+    threads, started on ``go``; then the connections closed, the first error raised, the figures."""
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(concurrency)]
     for thread in threads:
         thread.start()
     say("ready")
@@ -453,23 +460,7 @@ def run_batch_session(args: argparse.Namespace) -> dict[str, Any]:
         except BaseException as exc:  # reported by the parent as a failure
             errors.append(exc)
 
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(args.concurrency)]
-    for thread in threads:
-        thread.start()
-    say("ready")
-    wait_for("go")
-    cpu0, t0 = cpu_seconds(), time.perf_counter()
-    go.set()
-    for thread in threads:
-        thread.join()
-    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
-    for conn in connections:
-        conn.close()
-    engine.dispose()
-    if errors:
-        raise errors[0]
-    return {"seconds": seconds, "cpu": cpu, "hwm_kb": hwm_kb(), "ids": [i for done in ids for i in done],
-            "stamps": {}}
+    return _run_session_threads(loop, args.concurrency, go, errors, connections, engine, ids)
 
 
 # -- the raw psycopg reference loops ----------------------------------------------

@@ -64,7 +64,7 @@ class OwnEngine:
             self.completer_sessions += 1
 
 
-def test_sessionless_completions_go_in_batches_on_one_kept_connection(
+def test_sessionless_completions_go_in_batches_without_a_session(
     engine: Engine, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """1,000 jobs at most 100 per write: ten writes or more, many jobs each, each a statement
