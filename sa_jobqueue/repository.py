@@ -86,7 +86,7 @@ class JobRepository(Generic[M]):
         #: ``claim_on`` with checked arguments on the connections they hold.
         self.claimer: Claimer[M] = Claimer(model, self.snapshots)
         #: The completions behind :meth:`complete` and :meth:`complete_many`; a worker's
-        #: completer calls its ``many_on`` on the connection it keeps for its writes.
+        #: completer calls its ``many_on`` on a connection of the worker's own engine.
         self.completions = Completions(model, keep_done=self.keep_done)
         # Statements are values: built once, reused with new parameters, so the
         # hot path skips construction and hits SQLAlchemy's compiled cache.
