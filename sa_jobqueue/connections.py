@@ -79,12 +79,13 @@ worker discards their connections itself (see :func:`is_fatal_to_connection`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
-from sqlalchemy import event
+from sqlalchemy import Connection, event
 from sqlalchemy.engine import Dialect, Engine, ExceptionContext
 from sqlalchemy.pool import AsyncAdaptedQueuePool, QueuePool
 
@@ -112,6 +113,10 @@ _FATAL_SQLSTATES = frozenset({
 })
 
 _install_lock = threading.Lock()
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+T = TypeVar("T")
 
 
 def is_fatal_to_connection(exc: BaseException) -> bool:
@@ -159,6 +164,37 @@ def is_fatal_to_connection(exc: BaseException) -> bool:
         if isinstance(orig, BaseException):
             pending.append(orig)
     return False
+
+
+def send_on_own(connection: Connection, send: Callable[[Connection], T]) -> T:
+    """Run ``send`` on ``connection``, an autocommit connection of a worker
+    engine, its statements sent straight to the driver (a claim, a batch of
+    completions). SQLAlchemy's record of a transaction is then ended
+    (committed; rolled back after an error), so the next use starts as this
+    one did. An error that makes the connection unusable (see
+    :func:`is_fatal_to_connection`; or one not an ``Exception``) invalidates
+    it, as the engine's ``handle_error``, which such statements pass, would
+    have; the error is raised."""
+    try:
+        result = send(connection)
+    except BaseException as exc:
+        if (not isinstance(exc, Exception) or is_fatal_to_connection(exc)) and not connection.invalidated:
+            connection.invalidate(exc)
+        _end_transaction(connection, commit=False)
+        raise
+    _end_transaction(connection, commit=True)
+    return result
+
+
+def _end_transaction(connection: Connection, *, commit: bool) -> None:
+    """End SQLAlchemy's record of a transaction on an autocommit connection
+    (nothing is pending: each statement committed at once)."""
+    if not connection.in_transaction():
+        return
+    try:
+        connection.commit() if commit else connection.rollback()
+    except Exception:  # an unusable connection: its keeper replaces it, its pool discards it
+        log.debug("worker: ending a transaction on its own connection failed", exc_info=True)
 
 
 def _is_asyncpg_error(exc: BaseException) -> bool:

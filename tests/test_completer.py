@@ -4,20 +4,24 @@ of its own engine without a session around it; none lost when the server ends th
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 import traceback
+import uuid
 from typing import Any
 
 import pytest
 from jobapp import TaskJob, jobs, tasks
-from sqlalchemy import Engine, event, func, select
+from sqlalchemy import Engine, event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from waiting import terminate_backend, wait_for
 
-from sa_jobqueue import JobSpec, TaskRegistry, Worker
+from sa_jobqueue import JobSpec, TaskRegistry, Worker, signals
 from sa_jobqueue.worker import threaded
+from sa_jobqueue.worker.books import Books
+from sa_jobqueue.worker.completer import Completer
 
 COMPLETER = os.path.join("worker", "completer.py")
 
@@ -112,3 +116,47 @@ def test_a_connection_the_server_ended_under_the_completer_loses_no_completion(
     assert (result.completed, result.retried, result.dead, result.lost) == (3000, 0, 0, 0)
     with sessions() as session:
         assert session.scalar(select(func.count()).select_from(TaskJob)) == 0
+
+
+def test_one_write_settles_each_of_its_jobs_in_the_books_as_completed_or_lost(
+    engine: Engine, sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write of six completions in two queues, two of whose jobs another owner holds now: four
+    completed (counted, tallied per queue, signalled once each, their rows gone), two lost (counted,
+    logged by id, their rows untouched), and none of the six held any more."""
+    with sessions.begin() as session:
+        jobs.enqueue_many(session, [JobSpec("noop", queue=queue) for queue in "aaabbb"])
+    with sessions.begin() as session:
+        claimed = jobs.claim(session, queues=["a", "b"], limit=6)
+    assert len(claimed) == 6
+    taken = [next(j for j in claimed if j.queue == queue) for queue in "ab"]
+    with sessions.begin() as session:  # another owner's lock now (the lease expired and the job was claimed again)
+        session.execute(update(TaskJob).where(TaskJob.id.in_([j.id for j in taken])).values(lock_token=uuid.uuid4()))
+    books = Books()
+    for job in claimed:
+        books.hold(jobs, job)
+    succeeded: list[int] = []
+
+    def on_success(sender: object, job: Any, duration: float) -> None:
+        succeeded.append(job.id)
+
+    signals.job_succeeded.connect(on_success)
+    completer = Completer(books, sessions.begin, engine=engine.execution_options(isolation_level="AUTOCOMMIT"),
+                          write_when_full=False)
+    try:
+        for job in claimed:
+            completer.add(jobs, job, 0.01)
+        with caplog.at_level(logging.WARNING, logger="sa_jobqueue.worker"):
+            completer.flush()
+    finally:
+        signals.job_succeeded.disconnect(on_success)
+    done = sorted(j.id for j in claimed if j not in taken)
+    assert (books.result.completed, books.result.lost) == (4, 2)
+    assert books.take_tally() == {("task_jobs", "a"): [2, 0], ("task_jobs", "b"): [2, 0]}
+    assert sorted(succeeded) == done
+    assert books.held() == [] and len(completer) == 0
+    lost_lines = [r.getMessage() for r in caplog.records if "after its lease was lost" in r.getMessage()]
+    assert sorted(lost_lines) == sorted(f"worker worker: job {j.id} finished after its lease was lost" for j in taken)
+    with sessions() as session:
+        left = session.scalars(select(TaskJob.id).order_by(TaskJob.id)).all()
+    assert left == sorted(j.id for j in taken)

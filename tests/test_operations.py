@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -404,3 +405,27 @@ def test_counts_a_beat_could_not_write_are_written_by_a_later_one() -> None:
     books.tally(job, "failed")
     books.give_back_tally(taken)  # the write failed
     assert books.take_tally() == {("task_jobs", "q"): [1, 1]}
+
+
+def test_jobs_held_released_and_tallied_together_are_as_one_at_a_time() -> None:
+    """Books.hold_all / release_all / tally_all (a claim's jobs, a batched write's) leave the books
+    as hold / release / tally of each job would."""
+    from sa_jobqueue.worker.books import Books
+
+    one, many = Books(), Books()
+    claimed = [TaskJob(id=n, queue="q" if n % 3 else "r", task="t", attempts=1, lock_token=uuid.uuid4())
+               for n in range(1, 8)]
+    for job in claimed:
+        one.hold("repo", job)
+    held = many.hold_all("repo", claimed)
+    assert [h.job for h in held] == claimed and all(h.repo == "repo" for h in held)
+    assert [h.job for h in many.held()] == [h.job for h in one.held()] == claimed
+    for job in claimed[:4]:
+        one.release(job)
+        one.tally(job, "completed")
+    many.release_all(claimed[:4])
+    many.tally_all(claimed[:4], "completed")
+    one.tally(claimed[4], "failed")
+    many.tally_all([claimed[4]], "failed")
+    assert [h.job for h in many.held()] == [h.job for h in one.held()] == claimed[4:]
+    assert many.take_tally() == one.take_tally() == {("task_jobs", "q"): [3, 1], ("task_jobs", "r"): [1, 0]}

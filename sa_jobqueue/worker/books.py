@@ -92,6 +92,17 @@ class Books:
                 counts = self._tally[key] = [0, 0]
             counts[0 if outcome == "completed" else 1] += 1
 
+    def tally_all(self, jobs: list[Any], outcome: str) -> None:
+        """:meth:`tally` for each of ``jobs``, under one hold of the lock (a batch's completions)."""
+        completed = outcome == "completed"
+        with self._lock:
+            for job in jobs:
+                key = (job.__table__.name, job.queue)
+                counts = self._tally.get(key)
+                if counts is None:
+                    counts = self._tally[key] = [0, 0]
+                counts[0 if completed else 1] += 1
+
     def take_tally(self) -> dict[tuple[str, str], list[int]]:
         """The counts since the last take, and start again from zero."""
         with self._lock:
@@ -121,6 +132,14 @@ class Books:
             self._held[job.lock_token] = held
         return held
 
+    def hold_all(self, repo: Any, jobs: list[Any]) -> list[Held]:
+        """:meth:`hold` for each of ``jobs`` (one claim's), under one hold of the lock."""
+        held = [Held(repo, job) for job in jobs]
+        with self._lock:
+            for h in held:
+                self._held[h.job.lock_token] = h
+        return held
+
     def keep(self, held: Held) -> None:
         """Hold ``held`` again (released for a finishing statement that rolled back)."""
         with self._lock:
@@ -130,6 +149,12 @@ class Books:
         """Stop extending ``job``'s lease: its finishing statement follows."""
         with self._lock:
             return self._held.pop(job.lock_token, None)
+
+    def release_all(self, jobs: list[Any]) -> None:
+        """:meth:`release` for each of ``jobs`` (a batch's), under one hold of the lock."""
+        with self._lock:
+            for job in jobs:
+                self._held.pop(job.lock_token, None)
 
     def get(self, job: Any) -> Held | None:
         with self._lock:

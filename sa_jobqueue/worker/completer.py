@@ -35,7 +35,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from .. import signals
-from ..connections import is_fatal_to_connection
+from ..connections import send_on_own
 from .books import Books
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -158,18 +158,7 @@ class Completer:
             with self.control() as session:
                 return repo.complete_many(session, jobs)  # type: ignore[no-any-return]
         with self.engine.connect() as connection:
-            try:
-                done: set[int] = repo.completions.many_on(connection, jobs)
-            except BaseException as exc:
-                # The statement went straight to the driver, past the engine's handle_error: a write
-                # interrupted mid-statement, or one whose error made the connection unusable, must
-                # not go back to the pool for the next write.
-                if not isinstance(exc, Exception) or is_fatal_to_connection(exc):
-                    connection.invalidate(exc)
-                raise
-            if connection.in_transaction():  # autocommit: it committed; end SQLAlchemy's record of it
-                connection.commit()
-            return done
+            return send_on_own(connection, lambda own: repo.completions.many_on(own, jobs))
 
     def _failed(self, count: int, exc: Exception) -> None:
         with self._lock:
@@ -180,12 +169,17 @@ class Completer:
                   self.name, count, self._failures, wait, exc)
 
     def _written(self, entries: list[Entry], done: set[int]) -> None:
-        for _, job, duration in entries:
-            self.books.release(job)
-            if job.id in done:
-                self.books.count("completed")
-                self.books.tally(job, "completed")
+        # The books once per write, not once per job: a write holds up to max_size completions.
+        books = self.books
+        books.release_all([job for _, job, _ in entries])
+        completed = [entry for entry in entries if entry[1].id in done]
+        books.count("completed", len(completed))
+        books.tally_all([job for _, job, _ in completed], "completed")
+        if signals.job_succeeded.receivers:
+            for _, job, duration in completed:
                 signals.send(signals.job_succeeded, self.sender, job=job, duration=duration)
-            else:
-                log.warning("worker %s: job %s finished after its lease was lost", self.name, job.id)
-                self.books.count("lost")
+        if len(completed) < len(entries):
+            for _, job, _ in entries:
+                if job.id not in done:
+                    log.warning("worker %s: job %s finished after its lease was lost", self.name, job.id)
+            books.count("lost", len(entries) - len(completed))

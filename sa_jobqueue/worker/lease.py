@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from ..connections import is_fatal_to_connection
+from ..connections import send_on_own
 from .books import Held
 from .context import WorkerContext
 from .deadlines import check_stuck, grace, record_timeout
@@ -43,37 +43,14 @@ from .slots import Slots
 log = logging.getLogger("sa_jobqueue.worker")
 
 
-def _end_transaction(connection: Connection, *, commit: bool) -> None:
-    """End the transaction SQLAlchemy began on a held autocommit connection
-    when a statement went through it (nothing was pending: each statement
-    committed at once), so that the next claim starts as this one did."""
-    if not connection.in_transaction():
-        return
-    try:
-        connection.commit() if commit else connection.rollback()
-    except Exception:  # an unusable connection: its keeper replaces it at the next claim
-        log.debug("worker: ending a claimer's transaction failed", exc_info=True)
-
-
 def claim_on(repo: Any, connection: Connection, params: dict[str, Any]) -> list[Any]:
     """Claim with ``params`` on ``connection``, one of the worker's own engine
     that a claimer keeps across claims (autocommit: the claim commits at once).
     A connection the claim's error left unusable is invalidated, so that its
-    keeper replaces it at the next claim."""
-    try:
-        jobs = repo.claimer.claim_on(connection, params)
-    except BaseException as exc:
-        # The claim went straight to the driver, past the worker engine's
-        # handle_error: discard the connection here (a read-only one after a
-        # failover would fail every claim it is kept for; one interrupted
-        # mid-statement cannot serve the next).
-        fatal = not isinstance(exc, Exception) or is_fatal_to_connection(exc)
-        if fatal and not connection.invalidated:
-            connection.invalidate(exc)
-        _end_transaction(connection, commit=False)
-        raise
-    _end_transaction(connection, commit=True)
-    return jobs  # type: ignore[no-any-return]
+    keeper replaces it at the next claim (a read-only one after a failover
+    would fail every claim it is kept for; one interrupted mid-statement
+    cannot serve the next)."""
+    return send_on_own(connection, lambda own: repo.claimer.claim_on(own, params))
 
 
 class LeaseMode:
@@ -169,14 +146,13 @@ class LeaseMode:
     def _submit(self, repo: object, jobs: list[object]) -> None:
         """Queue claimed jobs for the slots: one call per job, but the jobs of
         ``group_commit`` tasks in groups, one call and one transaction each."""
-        ctx, grouped = self.ctx, []
-        for job in jobs:
-            held = ctx.books.hold(repo, job)
-            task = ctx.tasks.get(job.task)  # type: ignore[attr-defined]
-            if task is not None and task.group_commit:
-                grouped.append(held)
-            else:
-                self.slots.submit(self.executor.run, held)
+        ctx = self.ctx
+        grouped: list[Held] = []
+        alone: list[Held] = []
+        for held in ctx.books.hold_all(repo, jobs):
+            task = ctx.tasks.get(held.job.task)
+            (grouped if task is not None and task.group_commit else alone).append(held)
+        self.slots.submit_each(self.executor.run, alone)
         start = 0
         for size in group_sizes(len(grouped), ctx.options.concurrency):
             group = grouped[start:start + size]

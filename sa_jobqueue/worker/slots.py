@@ -73,6 +73,14 @@ class Slots:
             self._active += weight
         self._queue.put((call, args, weight))
 
+    def submit_each(self, call: Callable[..., bool], args: list[Any]) -> None:
+        """``submit(call, arg)`` for each of ``args``, in order, counted in flight at once."""
+        with self._lock:
+            self._active += len(args)
+        put = self._queue.put
+        for arg in args:
+            put((call, (arg,), 1))
+
     def take_results(self) -> tuple[int, int, int]:
         """How many finished calls found work and how many found none since the
         last take, and how many calls are still in flight: one snapshot, so a
