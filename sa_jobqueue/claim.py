@@ -2,9 +2,10 @@
 
 :class:`Claimer` runs the claim behind :meth:`JobRepository.claim` (its
 arguments already checked). The statement (:func:`sa_jobqueue.statements.claim`)
-returns the payload as JSON text, decoded row by row with the decoder the
-driver would use (:func:`~sa_jobqueue.snapshot.json_loads`). A claimed row
-whose payload cannot be decoded is not handed back: it goes to ``dead`` at
+returns the payload and the job's other JSON values as JSON text, decoded row
+by row with the decoder the driver would use
+(:func:`~sa_jobqueue.snapshot.json_loads`). A claimed row with a value that
+cannot be decoded is not handed back: it goes to ``dead`` at
 once, in the same session, in one fenced statement; when only such rows came
 back, the claim is made again, so an empty result still means an empty queue.
 A claim's owner is named by :func:`default_worker_name` unless given, and
@@ -94,8 +95,8 @@ class Claimer(Generic[M]):
         return claim
 
     def _bury_undecodable(self, connection: Connection, failed: list[tuple[M, str]]) -> None:
-        """Send claimed jobs whose payload cannot be decoded to dead, in one fenced statement."""
-        errors = [clean_error(f"payload cannot be decoded: {error}") for _, error in failed]
+        """Send claimed jobs with a value that cannot be decoded to dead, in one fenced statement."""
+        errors = [clean_error(error) for _, error in failed]
         params = {"ids": [j.id for j, _ in failed], "tokens": [j.lock_token for j, _ in failed], "errors": errors}
         connection.execute(self._bury, params)
         for (job, _), error in zip(failed, errors, strict=True):

@@ -194,10 +194,11 @@ class JobRepository(Generic[M]):
         queue is empty (another claimer may hold rows); an empty list does.
         The jobs are detached snapshots (:mod:`sa_jobqueue.snapshot`).
 
-        A claimed job whose payload the client cannot decode (such as JSON
-        nested deeper than Python's recursion limit, written by SQL) is not
-        returned: it goes to ``dead`` at once, in the same session, with
-        ``last_error`` ``payload cannot be decoded: <error>``; the other jobs
+        A claimed job whose payload (or ``meta``, ``result``, ``progress``)
+        the client cannot decode (such as JSON nested deeper than Python's
+        recursion limit, written by SQL) is not returned: it goes to ``dead``
+        at once, in the same session, with ``last_error`` ``payload cannot be
+        decoded: <error>`` (``meta cannot be decoded: …``); the other jobs
         of the claim are returned as usual, and when there are none the claim
         is made again, so an empty list still means an empty queue.
         """

@@ -15,12 +15,14 @@ What a caller may rely on:
 * ``session.get(Model, job.id)`` loads the live row; ``session.merge(job)``
   or ``session.add(job)`` attaches the snapshot itself when wanted.
 
-A claim reads the payload as JSON text and decodes it here, row by row
-(:meth:`Snapshots.decode`), with the JSON decoder the driver would use
-(:func:`json_loads`): a row whose payload the client cannot decode (nested
+A claim reads the job's JSON columns (the payload, and ``meta``, ``result``
+and ``progress`` when not NULL) as JSON text and decodes them here, row by
+row (:meth:`Snapshots.decode`), with the JSON decoder the driver would use
+(:func:`json_loads`): a row with a value the client cannot decode (nested
 deeper than Python's recursion limit, an integer longer than Python
 converts) then fails alone, instead of failing the fetch of the whole batch
-after the claim took it.
+after the claim took it. (Decoding the text here also costs less than the
+driver's own ``jsonb`` loader did: a fifth of it for an empty ``meta``.)
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ from sqlalchemy.orm import configure_mappers
 from sqlalchemy.orm.attributes import instance_dict, instance_state
 
 M = TypeVar("M")
+
+#: The JSON columns of :class:`~sa_jobqueue.JobMixin` that a claim reads as text and decodes row by row.
+JSON_KEYS = ("payload", "result", "meta", "progress")
 
 JsonLoads = Callable[[str], Any]
 _JSON_LOADS: JsonLoads = json.loads
@@ -97,11 +102,16 @@ class Snapshots(Generic[M]):
         self.columns: tuple[Column[Any], ...] = tuple(column for _, column in pairs)
         # JobMixin's id is the one primary key column.
         self._id_at = self.columns.index(mapper.primary_key[0])
-        self._payload_at = self.keys.index("payload")
-        payload = self.columns[self._payload_at]
-        #: :attr:`columns` with the payload read as its JSON text, for :meth:`decode`.
+        # The mixin's JSON columns, unless a model gave one a type of its own (whose result
+        # processing SQLAlchemy must then do): (attribute, position in a row).
+        self._json_at: tuple[tuple[str, int], ...] = tuple(
+            (key, at) for at, (key, column) in enumerate(pairs)
+            if key in JSON_KEYS and isinstance(column.type, JSON)
+        )
+        as_text = {at for _, at in self._json_at}
+        #: :attr:`columns` with those JSON columns read as their text, for :meth:`decode`.
         self.text_columns: tuple[ColumnElement[Any], ...] = tuple(
-            cast(c, Text()).label(c.name) if c is payload else c for c in self.columns
+            cast(c, Text()).label(c.name) if at in as_text else c for at, c in enumerate(self.columns)
         )
 
     def one(self, row: Sequence[Any]) -> M:
@@ -128,28 +138,34 @@ class Snapshots(Generic[M]):
         return [self.one(row) for row in rows]
 
     def decode(self, rows: Iterable[Sequence[Any]], loads: JsonLoads) -> tuple[list[M], list[tuple[M, str]]]:
-        """Snapshots of rows of :attr:`text_columns`, each payload decoded by ``loads``.
+        """Snapshots of rows of :attr:`text_columns`, each JSON value decoded by ``loads``.
 
         Returns the snapshots of the rows that decode, in the rows' order,
-        and apart, per row that does not, its snapshot (with ``payload``
-        None) and ``"<ExceptionType>: <message>"``. A row that fails never
-        stops the others.
+        and apart, per row that does not, its snapshot (with the JSON
+        attributes from the one that failed on None) and
+        ``"<attribute> cannot be decoded: <ExceptionType>: <message>"``.
+        A row that fails never stops the others.
         """
         decoded: list[M] = []
         failed: list[tuple[M, str]] = []
-        keys, at, id_at = self.keys, self._payload_at, self._id_at
+        keys, json_at, id_at = self.keys, self._json_at, self._id_at
         new, cls, token = self._new, self._identity_class, self._identity_token
         for row in rows:
             job: M = new()
             values = instance_dict(job)
             values.update(zip(keys, row, strict=False))  # as in one(), in C rather than a loop per column
             instance_state(job).key = (cls, (row[id_at],), token)
-            try:
+            for n, (key, at) in enumerate(json_at):
                 text = row[at]
-                values["payload"] = None if text is None else loads(text)
-            except Exception as exc:  # whatever the decoder raises, this row alone fails
-                values["payload"] = None
-                failed.append((job, f"{type(exc).__name__}: {exc}"))
-                continue
-            decoded.append(job)
+                if text is None:
+                    continue
+                try:
+                    values[key] = loads(text)
+                except Exception as exc:  # whatever the decoder raises, this row alone fails
+                    for later, _ in json_at[n:]:
+                        values[later] = None  # no text left where a decoded value belongs
+                    failed.append((job, f"{key} cannot be decoded: {type(exc).__name__}: {exc}"))
+                    break
+            else:
+                decoded.append(job)
         return decoded, failed

@@ -1,4 +1,4 @@
-"""A payload the client cannot decode sends its own job to dead, never the claim's other jobs.
+"""A payload (or meta) the client cannot decode sends its own job to dead, never the claim's other jobs.
 
 Rows written by SQL can hold JSON that PostgreSQL accepts and Python cannot
 decode: nesting deeper than Python's recursion limit (PostgreSQL's own limit
@@ -144,6 +144,29 @@ def test_a_too_long_integer_is_undecodable_too(
         status, _, _, error, _ = _rows(session)[poisoned.id]
     assert status == "dead" and error.startswith("payload cannot be decoded: ValueError: ")
     assert "4300" in error
+
+
+def test_an_undecodable_meta_sends_its_own_job_to_dead_too(
+    sessions: sessionmaker[Session], claiming: tuple[str, sessionmaker[Session]]
+) -> None:
+    """meta, result and progress are read as text and decoded row by row, as the payload is: a
+    meta Python cannot decode fails its own job, not the fetch of the claim that took the others."""
+    _, claim_sessions = claiming
+    with sessions.begin() as session:
+        poisoned, fine, plain = jobs.enqueue_many(session, [
+            JobSpec("noop", {"n": n}, priority=n, meta={"trace": f"t{n}"}) for n in range(3)
+        ])
+        session.execute(text(f"UPDATE task_jobs SET meta = {DEEP_OBJECT} WHERE id = :id"), {"id": poisoned.id})
+        session.execute(text("UPDATE task_jobs SET meta = NULL WHERE id = :id"), {"id": plain.id})
+    with claim_sessions() as session, session.begin():
+        claimed = jobs.claim(session, limit=3, lease=LEASE)
+        assert [(j.id, j.payload, j.meta, j.result, j.progress) for j in claimed] == [
+            (fine.id, {"n": 1}, {"trace": "t1"}, None, None), (plain.id, {"n": 2}, None, None, None),
+        ]
+    with sessions() as session:
+        status, attempts, token, error, _ = _rows(session)[poisoned.id]
+    assert (status, attempts, token) == ("dead", 1, None)
+    assert error.startswith("meta cannot be decoded: RecursionError: maximum recursion depth exceeded")
 
 
 DECODED: list[object] = []
