@@ -21,8 +21,9 @@ row (:meth:`Snapshots.decode`), with the JSON decoder the driver would use
 (:func:`json_loads`): a row with a value the client cannot decode (nested
 deeper than Python's recursion limit, an integer longer than Python
 converts) then fails alone, instead of failing the fetch of the whole batch
-after the claim took it. (Decoding the text here also costs less than the
-driver's own ``jsonb`` loader did: a fifth of it for an empty ``meta``.)
+after the claim took it. It costs less too: psycopg's ``jsonb`` loader took
+about 2.2 µs of a fetch per row for an empty ``meta``, ``json.loads`` of its
+text takes about 0.75.
 """
 
 from __future__ import annotations
@@ -149,23 +150,23 @@ class Snapshots(Generic[M]):
         decoded: list[M] = []
         failed: list[tuple[M, str]] = []
         keys, json_at, id_at = self.keys, self._json_at, self._id_at
+        json_keys = [key for key, _ in json_at]
         new, cls, token = self._new, self._identity_class, self._identity_token
         for row in rows:
             job: M = new()
             values = instance_dict(job)
             values.update(zip(keys, row, strict=False))  # as in one(), in C rather than a loop per column
             instance_state(job).key = (cls, (row[id_at],), token)
-            for n, (key, at) in enumerate(json_at):
-                text = row[at]
-                if text is None:
-                    continue
-                try:
-                    values[key] = loads(text)
-                except Exception as exc:  # whatever the decoder raises, this row alone fails
-                    for later, _ in json_at[n:]:
-                        values[later] = None  # no text left where a decoded value belongs
-                    failed.append((job, f"{key} cannot be decoded: {type(exc).__name__}: {exc}"))
-                    break
-            else:
-                decoded.append(job)
+            key = ""
+            try:
+                for key, at in json_at:
+                    text = row[at]
+                    if text is not None:
+                        values[key] = loads(text)
+            except Exception as exc:  # whatever the decoder raises, this row alone fails
+                for later in json_keys[json_keys.index(key):]:
+                    values[later] = None  # no text left where a decoded value belongs
+                failed.append((job, f"{key} cannot be decoded: {type(exc).__name__}: {exc}"))
+                continue
+            decoded.append(job)
         return decoded, failed
