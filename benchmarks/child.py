@@ -41,6 +41,7 @@ can be subtracted.
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import json
 import resource
@@ -86,6 +87,14 @@ def hwm_kb() -> int:
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def freeze_startup(args: argparse.Namespace) -> None:
+    """``--freeze``: what the worker commands do before running their worker
+    (sa_jobqueue.cli.worker_flags.freeze_startup), outside the timing."""
+    if args.freeze:
+        gc.collect()
+        gc.freeze()
 
 
 def wait_for(word: str) -> None:
@@ -189,6 +198,7 @@ def run_sajq(args: argparse.Namespace) -> dict[str, Any]:
     warm = [engine.connect() for _ in range(concurrency + 1)]
     for connection in warm:
         connection.close()
+    freeze_startup(args)
     say("ready")
     wait_for("go")
     if args.service:
@@ -274,6 +284,7 @@ def run_sajq_async(args: argparse.Namespace) -> dict[str, Any]:
                 "stamps": stamps.times, "samples": stamps.samples, "options": sorted(options)}
 
     asyncio.run(warm_up())
+    freeze_startup(args)
     say("ready")
     wait_for("go")
     return asyncio.run(drain())
@@ -648,6 +659,8 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds each handler waits (I/O-bound jobs)")
     parser.add_argument("--rss-at", default="", help="job counts at which to sample VmHWM")
     parser.add_argument("--record", action="store_true", help="sajq: report every handler run (id, time)")
+    parser.add_argument("--freeze", action="store_true",
+                        help="sajq, sajq-async: gc.freeze() before running, as the worker commands do")
     parser.add_argument("--pooler", action="store_true", help="sajq: through PgBouncer < 1.21 (no prepared statements)")
     parser.add_argument("--ledger", action="store_true", help="textbook: the handler writes the job's ledger row")
     parser.add_argument("--group", type=int, default=0, help="grouped-session: jobs per transaction")

@@ -355,6 +355,8 @@ class Bench:
         argv = ["sajq", "--path", kind, "--concurrency", str(concurrency)]
         if self.args.batch_size:
             argv += ["--batch-size", str(self.args.batch_size)]
+        if self.args.freeze:
+            argv.append("--freeze")
         self._drain(argv, kind, f"drain-{kind}-{concurrency}", profile=True)
 
     def drain_async(self, path: str, driver: str, concurrency: int) -> None:
@@ -367,6 +369,8 @@ class Bench:
             argv = ["sajq-async", "--path", path, "--driver", driver, "--concurrency", str(concurrency)]
             if self.args.batch_size:  # as for the thread worker's paths
                 argv += ["--batch-size", str(self.args.batch_size)]
+            if self.args.freeze:
+                argv.append("--freeze")
             self._drain(argv, path, f"drain-async-{path}-{driver}-{concurrency}", profile=True)
 
     def textbook_async(self, driver: str, concurrency: int) -> None:
@@ -890,6 +894,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="jobs of the claim-scale backlogs (1,000,000, quick 20,000)")
     parser.add_argument("--claim-samples", type=int, default=None, help="claims timed per scenario (200, quick 30)")
     parser.add_argument("--batch-size", type=int, default=0, help="pass batch_size to the Worker when supported")
+    parser.add_argument("--freeze", action="store_true",
+                        help="the drains' workers freeze their start-up objects first (gc.freeze), as the worker "
+                             "commands do; the reference loops do not")
     parser.add_argument("--io-jobs", type=int, default=None, help="jobs per I/O-bound drain (5,000, quick 2,000)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds allowed per drain (600, quick 120)")
     parser.add_argument("--core", metavar="REV", help="benchmark sa_jobqueue (and its migrations) as committed "

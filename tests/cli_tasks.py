@@ -9,6 +9,7 @@ and ``make_async_worker`` are the same for the asyncio worker.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 
@@ -31,6 +32,8 @@ class Done(Base):
     __tablename__ = "cli_done"
     job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     note: Mapped[str | None] = mapped_column(String(100))
+    # Whether the worker's process had frozen its start-up objects (gc.freeze) when the job ran.
+    frozen: Mapped[bool | None]
 
 
 tasks = TaskRegistry()
@@ -38,7 +41,7 @@ tasks = TaskRegistry()
 
 @tasks.task
 def record(job: Job, session: Session) -> None:
-    session.add(Done(job_id=job.id, note=(job.payload or {}).get("note")))
+    session.add(Done(job_id=job.id, note=(job.payload or {}).get("note"), frozen=gc.get_freeze_count() > 0))
 
 
 @tasks.task(timeout=0.2, max_attempts=1)
@@ -62,7 +65,7 @@ async_tasks = TaskRegistry()
 @async_tasks.task(name="record")
 async def record_async(job: Job, session: AsyncSession) -> None:
     """``record`` as an async def handler, on the job's AsyncSession."""
-    session.add(Done(job_id=job.id, note=(job.payload or {}).get("note")))
+    session.add(Done(job_id=job.id, note=(job.payload or {}).get("note"), frozen=gc.get_freeze_count() > 0))
 
 
 @async_tasks.task

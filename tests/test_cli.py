@@ -402,7 +402,8 @@ def test_core_does_not_import_click() -> None:
 
 def _run_worker(cli_url: str, cli_engine: Engine, args: list[str], queue: str) -> dict[str, int]:
     """Start ``sa-jobqueue worker ARGS`` in a process, enqueue a job before and one after, wait for both
-    to commit their ledger rows, stop it with SIGTERM; return its printed result."""
+    to commit their ledger rows, stop it with SIGTERM; return its printed result. Both jobs ran with
+    the objects the process built before its worker frozen (worker_flags.freeze_startup)."""
     ok(cli_url, "enqueue", "record", "--payload", '{"note": "before"}', "--queue", queue)
     env = os.environ | {"DATABASE_URL": cli_url, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
     proc = subprocess.Popen(
@@ -429,6 +430,7 @@ def _run_worker(cli_url: str, cli_engine: Engine, args: list[str], queue: str) -
     assert proc.returncode == 0, stderr
     with cli_engine.connect() as conn:
         assert conn.execute(select(Job.id)).first() is None
+        assert list(conn.execute(select(cli_tasks.Done.frozen)).scalars()) == [True, True]
     result: dict[str, int] = json.loads(stdout.strip().splitlines()[-1])
     return result
 

@@ -16,10 +16,10 @@ import pytest
 from jobapp import TaskJob, jobs, tasks
 from sqlalchemy import Engine, event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
+from sqllog import on_own_engines
 from waiting import terminate_backend, wait_for
 
 from sa_jobqueue import JobSpec, TaskRegistry, Worker, signals
-from sa_jobqueue.worker import threaded
 from sa_jobqueue.worker.books import Books
 from sa_jobqueue.worker.completer import Completer
 
@@ -40,16 +40,14 @@ class OwnEngine:
         self.completer_pids: list[int] = []
         self.completer_sessions = 0
         self.engine: Engine | None = None
-        make_engine = threaded.worker_engine
 
-        def recording_worker_engine(*args: Any, **kwargs: Any) -> Engine:
-            own = self.engine = make_engine(*args, **kwargs)
+        def record(own: Engine) -> None:
+            self.engine = own
             event.listen(own, "checkout", self._checkout)
             if statements:  # a listener that reads statements sends them through SQLAlchemy
                 event.listen(own, "before_cursor_execute", self._statement)
-            return own
 
-        monkeypatch.setattr(threaded, "worker_engine", recording_worker_engine)
+        on_own_engines(monkeypatch, record)
         event.listen(Session, "after_begin", self._session_began)
 
     def stop(self) -> None:

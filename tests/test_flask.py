@@ -7,6 +7,7 @@ runs each job in the app context with ``db.session`` bound to the job's session.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -196,7 +197,13 @@ def test_flask_jobs_commands(app: Flask) -> None:
     assert result.exit_code == 0, (result.output, result.exception)
     assert "write_note" in result.output
 
-    result = runner.invoke(args=["jobs", "worker", "--until-empty", "--no-listen", "--concurrency", "1"])
+    assert gc.get_freeze_count() == 0
+    try:
+        result = runner.invoke(args=["jobs", "worker", "--until-empty", "--no-listen", "--concurrency", "1"])
+        # The command froze what the process had built before running its worker (here, the test's own).
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()  # this process is the test run's, not a worker's
     assert result.exit_code == 0, (result.output, result.exception)
     assert json.loads(result.output.strip().splitlines()[-1]) == {
         "completed": 1, "retried": 0, "dead": 0, "lost": 0, "cancelled": 0, "handed_back": 0,

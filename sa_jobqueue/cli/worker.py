@@ -21,7 +21,7 @@ from .event_loop import run_in_event_loop
 from .formatting import seconds
 from .state import cli_state, import_object, model_option, repository_for
 from .supervisor import Supervisor
-from .worker_flags import result_line, shutdown_options, shutdown_timeout_option
+from .worker_flags import freeze_startup, result_line, shutdown_options, shutdown_timeout_option
 
 __all__ = ["worker_command"]
 
@@ -139,6 +139,7 @@ def _run_registry(
 def _run(built: Any) -> None:
     """Run a Worker, or an AsyncWorker in an event loop of its own; print its result line."""
     log.info("worker %s serving %s in %s mode", built.name, ", ".join(built.queues), built.mode)
+    freeze_startup()
     try:
         result = built.run() if isinstance(built, Worker) else run_in_event_loop(built.run())
     except WorkerStuckError as exc:  # exit non-zero, so that the supervisor starts a fresh process

@@ -50,7 +50,7 @@ from sqlalchemy.orm import Session
 from ..cli.database import database_errors
 from ..cli.errors import CliUsageError, OneLineGroup
 from ..cli.state import CliState
-from ..cli.worker_flags import result_line, shutdown_options, shutdown_timeout_option
+from ..cli.worker_flags import freeze_startup, result_line, shutdown_options, shutdown_timeout_option
 from ..default import Job
 from ..errors import InvalidArgumentError, JobQueueError
 from ..registry import TaskRegistry
@@ -234,6 +234,7 @@ class JobQueue:
                 )
             except JobQueueError as exc:
                 raise CliUsageError(str(exc)) from None
+            freeze_startup()
             with database_errors(db.engine, jobqueue.repository.table.name):
                 result = built.run(until_empty=until_empty)
             click.echo(result_line(result))
