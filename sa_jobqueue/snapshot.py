@@ -124,15 +124,19 @@ class Snapshots(Generic[M]):
         # with no history (values were written to its dict, not through
         # instrumentation), at a third of its cost: an identity key makes
         # the instance detached rather than transient.
-        instance_state(job).key = (self._identity_class, (row[self._id_at],), self._identity_token)
+        instance_state(job).key = self._key(row[self._id_at])
         return job
 
     def of(self, values: dict[str, Any]) -> M:
         """A snapshot from a mapping of attribute name to value (every column)."""
         job: M = self._new()
         instance_dict(job).update(values)
-        instance_state(job).key = (self._identity_class, (values[self.keys[self._id_at]],), self._identity_token)
+        instance_state(job).key = self._key(values[self.keys[self._id_at]])
         return job
+
+    def _key(self, job_id: Any) -> tuple[Any, ...]:
+        """The identity key of the job ``job_id`` (:meth:`decode` builds the same tuple inline)."""
+        return (self._identity_class, (job_id,), self._identity_token)
 
     def all(self, rows: Iterable[Sequence[Any]]) -> list[M]:
         """Snapshots of rows of :attr:`columns`, in the rows' order."""

@@ -85,12 +85,7 @@ class Books:
     def tally(self, job: Any, outcome: str) -> None:
         """The outcome of ``job`` committed: count it for the throughput, as ``completed`` or
         ``failed`` (a retry, a death or a timeout)."""
-        key = (job.__table__.name, job.queue)
-        with self._lock:
-            counts = self._tally.get(key)
-            if counts is None:
-                counts = self._tally[key] = [0, 0]
-            counts[0 if outcome == "completed" else 1] += 1
+        self.tally_all([job], outcome)
 
     def tally_all(self, jobs: list[Any], outcome: str) -> None:
         """:meth:`tally` for each of ``jobs``, under one hold of the lock (a batch's completions)."""
@@ -127,10 +122,7 @@ class Books:
             setattr(self.result, name, getattr(self.result, name) + n)
 
     def hold(self, repo: Any, job: Any) -> Held:
-        held = Held(repo, job)
-        with self._lock:
-            self._held[job.lock_token] = held
-        return held
+        return self.hold_all(repo, [job])[0]
 
     def hold_all(self, repo: Any, jobs: list[Any]) -> list[Held]:
         """:meth:`hold` for each of ``jobs`` (one claim's), under one hold of the lock."""
